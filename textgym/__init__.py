@@ -1,0 +1,29 @@
+"""textgym: any Gymnasium environment becomes a text environment for LLM agents."""
+
+from textgym.checker import check_text_env
+from textgym.formatters import Formatter, FunctionFormatter, GenericFormatter, TemplateFormatter
+from textgym.parsers import ActionParseError, ActionParser, FunctionParser, JSONActionParser
+from textgym.registration import make_text_env, register, registered_ids
+from textgym.schemas import ActionSchema, schema_from_space
+from textgym.spaces import ChatMessages, UnicodeText
+from textgym.wrappers import TextEnvWrapper
+
+__all__ = [
+    "ActionParseError",
+    "ActionParser",
+    "ActionSchema",
+    "ChatMessages",
+    "Formatter",
+    "FunctionFormatter",
+    "FunctionParser",
+    "GenericFormatter",
+    "JSONActionParser",
+    "TemplateFormatter",
+    "TextEnvWrapper",
+    "UnicodeText",
+    "check_text_env",
+    "make_text_env",
+    "register",
+    "registered_ids",
+    "schema_from_space",
+]

@@ -1,0 +1,1 @@
+"""Native text environments and presets for Gymnasium's classic envs."""

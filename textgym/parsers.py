@@ -1,0 +1,371 @@
+"""Turn a model's reply text into an env action, or an :class:`ActionParseError`.
+
+Parsing = extract (a fenced ```json block, else every top-level ``{...}`` in the prose) →
+``model_validate_json``; finite action sets also accept an action name standing alone.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium as gym
+import pydantic_core
+from pydantic import BaseModel, ValidationError
+
+from textgym.instructions import describe_model, example_from_schema
+from textgym.schemas import ActionSchema, ActionNames, schema_from_space
+
+__all__ = ["ActionParseError", "ActionParser", "FunctionParser", "JSONActionParser", "as_parser"]
+
+_FENCE = re.compile(r"```[ \t]*(?:json|JSON)?[ \t]*\n?(.*?)```", re.DOTALL)
+_JSON_TOKENS = re.compile(r'[{}"]')
+_MAX_CANDIDATES = 8
+_MAX_ERROR_CHARS = 500
+
+
+class ActionParseError(ValueError):
+    """A reply that does not describe a valid action.
+
+    Attributes:
+        reply: The raw reply text.
+        validation_error: The Pydantic error behind it, if any.
+
+    Example:
+        >>> err = ActionParseError("no JSON object found in the reply", reply="hmm")
+        >>> str(err), err.reply
+        ('no JSON object found in the reply', 'hmm')
+    """
+
+    def __init__(
+        self, message: str, reply: str = "", validation_error: ValidationError | None = None
+    ) -> None:
+        super().__init__(message)
+        self.reply = reply
+        self.validation_error = validation_error
+
+
+class ActionParser(ABC):
+    """Maps reply text to an env action and tells the model which format to use.
+
+    Subclasses implement :meth:`parse` and :meth:`instructions`; :meth:`example` and
+    :meth:`choices` are optional and enable round-trip checks and choice decoding.
+    """
+
+    @abstractmethod
+    def parse(self, text: str) -> Any:
+        """Return the env action described by ``text`` or raise :class:`ActionParseError`."""
+
+    @abstractmethod
+    def instructions(self) -> str:
+        """Return the action-format instructions for the system prompt."""
+
+    def example(self, action: Any) -> str | None:
+        """Return a reply that parses to ``action``, or None if this parser cannot write one."""
+        return None
+
+    def choices(self) -> list[str] | None:
+        """Return every valid reply of a finite action set (one per action), or None."""
+        return None
+
+    def bind(self, env: gym.Env[Any, Any]) -> None:
+        """Called once by the wrapper with the wrapped env; override to read env details."""
+
+
+class JSONActionParser(ActionParser):
+    """Validates replies against a Pydantic model and converts them to env actions.
+
+    Accepted replies, tried in order: a fenced ```json block or every top-level JSON object
+    in the prose (all objects must agree); a bare JSON value when the model has one field;
+    an action name standing alone in free text when the action set is named and finite.
+
+    Example:
+        >>> from gymnasium.spaces import Discrete
+        >>> parser = JSONActionParser.from_space(Discrete(2), action_names=["stick", "hit"])
+        >>> parser.parse('I will play safe. {"action": "stick"}')
+        np.int64(0)
+        >>> parser.parse("Hit me!")
+        np.int64(1)
+        >>> parser.example(1)
+        '{"action": "hit"}'
+    """
+
+    def __init__(
+        self,
+        model: type[BaseModel] | ActionSchema,
+        *,
+        to_action: Callable[[BaseModel], Any] | None = None,
+        from_action: Callable[[Any], BaseModel] | None = None,
+        lenient: bool = True,
+    ) -> None:
+        """Create the parser.
+
+        Args:
+            model: A Pydantic model class or an :class:`ActionSchema`. A model's own
+                ``to_action()`` method is used when it has one; else a single-field model maps
+                to that field's value and any other model to its ``model_dump()``.
+            to_action: Converts a validated model into an env action (overrides the above).
+            from_action: Converts an env action into a model instance, for example replies.
+            lenient: Accept a bare JSON value for one-field models and, for named finite
+                action sets, an action name standing alone in free text.
+        """
+        if isinstance(model, ActionSchema):
+            schema = model
+        elif isinstance(model, type) and issubclass(model, BaseModel):
+            schema = _schema_for_model(model)
+        else:
+            raise TypeError(f"Expected a Pydantic model class or ActionSchema, got {model!r}")
+        self.schema = schema
+        self.model = schema.model
+        self._to_action = to_action or schema.to_action
+        self._from_action = from_action or schema.from_action
+        self.lenient = lenient
+        self._names_pattern = None
+        if lenient and schema.names:
+            alternatives = "|".join(re.escape(n) for n in sorted(schema.names, key=len, reverse=True))
+            self._names_pattern = re.compile(rf"(?<![\w-])({alternatives})(?![\w-])", re.IGNORECASE)
+        self._instructions = describe_model(self.model, self._default_example())
+
+    @classmethod
+    def from_space(
+        cls,
+        space: gym.Space[Any],
+        *,
+        action_names: ActionNames | None = None,
+        field_name: str = "action",
+        description: str | None = None,
+        lenient: bool = True,
+    ) -> JSONActionParser:
+        """Build the parser for an action space (see :func:`textgym.schemas.schema_from_space`)."""
+        schema = schema_from_space(
+            space, action_names=action_names, field_name=field_name, description=description
+        )
+        return cls(schema, lenient=lenient)
+
+    def parse(self, text: str) -> Any:
+        """Return the env action described by ``text`` or raise :class:`ActionParseError`."""
+        if not isinstance(text, str):
+            raise ActionParseError(f"expected the reply as str, got {type(text).__name__}")
+        model = self._validate(text)
+        try:
+            return self._to_action(model)
+        except Exception as e:  # a user's to_action may raise anything on odd values
+            raise ActionParseError(f"could not convert the reply to an action: {e}", text) from e
+
+    def _validate(self, text: str) -> BaseModel:
+        fenced = [m.group(1) for m in _FENCE.finditer(text)]
+        sources = fenced or [text]
+        candidates = [span for s in sources for span in _json_objects(s)][:_MAX_CANDIDATES]
+        first_error: ActionParseError | None = None
+        valid: list[BaseModel] = []
+        for candidate in candidates:
+            try:
+                valid.append(self.model.model_validate_json(candidate))
+            except ValidationError as e:
+                first_error = first_error or _validation_error(e, text)
+        if valid:
+            if any(v != valid[0] for v in valid[1:]):
+                raise ActionParseError(
+                    f"ambiguous reply: it holds {len(valid)} JSON objects with different actions",
+                    text,
+                )
+            return valid[0]
+        if self.lenient and not candidates and self.schema.field is not None:
+            bare = self._validate_bare(fenced[0] if fenced else text, text)
+            if bare is not None:
+                return bare
+        if self._names_pattern is not None:
+            named = self._validate_names(text)
+            if named is not None:
+                return named
+        if first_error is not None:
+            raise first_error
+        expected = "no JSON object found in the reply"
+        if self._names_pattern is not None:
+            expected += " and no action name (" + ", ".join(self.schema.names or ()) + ")"
+        raise ActionParseError(expected, text)
+
+    def _validate_bare(self, source: str, text: str) -> BaseModel | None:
+        stripped = source.strip()
+        if not stripped or stripped[0] not in '"[-0123456789tfn':
+            return None
+        try:
+            value = pydantic_core.from_json(stripped)
+        except ValueError:
+            return None
+        try:
+            return self.model.model_validate({self.schema.field: value})
+        except ValidationError as e:
+            if self._names_pattern is None:
+                raise _validation_error(e, text) from None
+            return None
+
+    def _validate_names(self, text: str) -> BaseModel | None:
+        found = {m.group(1).lower() for m in self._names_pattern.finditer(text)}  # type: ignore[union-attr]
+        if len(found) > 1:
+            listed = ", ".join(n for n in self.schema.names or () if n.lower() in found)
+            raise ActionParseError(f"ambiguous reply: it names several actions ({listed})", text)
+        if not found:
+            return None
+        return self.model.model_validate({self.schema.field: found.pop()})
+
+    def instructions(self) -> str:
+        """Return the generated format instructions (fields, allowed values, an example)."""
+        return self._instructions
+
+    def example(self, action: Any) -> str | None:
+        """Return the JSON reply for ``action`` (None if the parser has no ``from_action``)."""
+        if self._from_action is None:
+            return None
+        return _compact_json(self._from_action(action))
+
+    def choices(self) -> list[str] | None:
+        """Return one JSON reply per action for finite Discrete action sets."""
+        if self.schema.actions is None or self._from_action is None:
+            return None
+        return [_compact_json(self._from_action(a)) for a in self.schema.actions]
+
+    def _default_example(self) -> str | None:
+        if self.schema.actions is not None and self._from_action is not None:
+            return _compact_json(self._from_action(self.schema.actions[0]))
+        value = example_from_schema(self.model)
+        if value is None:
+            return None
+        try:
+            return _compact_json(self.model.model_validate(value))
+        except ValidationError:
+            return None
+
+
+class FunctionParser(ActionParser):
+    """Wraps a function ``reply -> action``; any exception it raises marks the reply invalid.
+
+    Example:
+        >>> parser = FunctionParser(lambda reply: 0 if "stay" in reply else 1,
+        ...                         instructions="Say 'stay' or 'hit'.")
+        >>> parser.parse("I stay")
+        0
+    """
+
+    def __init__(self, fn: Callable[[str], Any], instructions: str = "") -> None:
+        """Create the parser.
+
+        Args:
+            fn: Maps the reply text to an env action; raising marks the reply invalid.
+            instructions: Action-format instructions shown to the model.
+        """
+        if not callable(fn):
+            raise TypeError(f"Expected a callable reply -> action, got {fn!r}")
+        self.fn = fn
+        self._instructions = instructions
+
+    def parse(self, text: str) -> Any:
+        """Call the function; turn whatever it raises into :class:`ActionParseError`."""
+        try:
+            return self.fn(text)
+        except ActionParseError:
+            raise
+        except Exception as e:
+            raise ActionParseError(f"{type(e).__name__}: {_short(str(e))}", text) from e
+
+    def instructions(self) -> str:
+        """Return the instructions given at construction."""
+        return self._instructions
+
+
+def as_parser(parser: Any, action_space: gym.Space[Any], **schema_options: Any) -> ActionParser:
+    """Coerce what a user passed as ``parser`` into an :class:`ActionParser`.
+
+    Args:
+        parser: None (generate from ``action_space``), an :class:`ActionParser`, a Pydantic
+            model class, an :class:`ActionSchema`, or a callable ``reply -> action``.
+        action_space: The wrapped env's action space.
+        **schema_options: ``action_names``, ``field_name``, ``description`` for generation.
+
+    Example:
+        >>> from gymnasium.spaces import Discrete
+        >>> as_parser(None, Discrete(3)).parse('{"action": 2}')
+        np.int64(2)
+    """
+    if parser is None:
+        return JSONActionParser.from_space(action_space, **schema_options)
+    if schema_options:
+        raise ValueError(f"{sorted(schema_options)} only apply when no parser is given")
+    if isinstance(parser, ActionParser):
+        return parser
+    if isinstance(parser, ActionSchema) or (
+        isinstance(parser, type) and issubclass(parser, BaseModel)
+    ):
+        return JSONActionParser(parser)
+    if callable(parser):
+        return FunctionParser(parser)
+    raise TypeError(
+        "Expected parser to be None, an ActionParser, a Pydantic model class or a callable "
+        f"reply -> action, got {type(parser).__name__}"
+    )
+
+
+def _schema_for_model(model: type[BaseModel]) -> ActionSchema:
+    fields = list(model.model_fields)
+    single = fields[0] if len(fields) == 1 else None
+    if callable(getattr(model, "to_action", None)):
+        to_action: Callable[[BaseModel], Any] = lambda m: m.to_action()  # type: ignore[attr-defined]  # noqa: E731
+    elif single is not None:
+        to_action = lambda m: getattr(m, single)  # noqa: E731
+    else:
+        to_action = lambda m: m.model_dump()  # noqa: E731
+    from_action = getattr(model, "from_action", None)
+    return ActionSchema(model=model, to_action=to_action, from_action=from_action, field=single)
+
+
+def _json_objects(text: str) -> list[str]:
+    """Return every top-level ``{...}`` span, skipping braces inside JSON strings."""
+    spans, depth, start, in_string = [], 0, 0, False
+    for match in _JSON_TOKENS.finditer(text):
+        char, pos = match.group(), match.start()
+        if in_string:
+            if char == '"' and not _is_escaped(text, pos):
+                in_string = False
+            continue
+        if char == '"' and depth > 0:
+            in_string = True
+        elif char == "{":
+            if depth == 0:
+                start = pos
+            depth += 1
+        elif char == "}" and depth > 0:
+            depth -= 1
+            if depth == 0:
+                spans.append(text[start : pos + 1])
+                if len(spans) >= _MAX_CANDIDATES:
+                    break
+    return spans
+
+
+def _is_escaped(text: str, pos: int) -> bool:
+    """True if the character at ``pos`` is preceded by an odd number of backslashes."""
+    count = 0
+    while pos - count - 1 >= 0 and text[pos - count - 1] == "\\":
+        count += 1
+    return count % 2 == 1
+
+
+def _validation_error(error: ValidationError, reply: str) -> ActionParseError:
+    parts = []
+    for item in error.errors(include_url=False, include_input=False):
+        loc = ".".join(str(p) for p in item["loc"])
+        parts.append(f"{loc}: {item['msg']}" if loc else item["msg"])
+    message = "invalid action: " + _short("; ".join(parts))
+    return ActionParseError(message, reply, validation_error=error)
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= _MAX_ERROR_CHARS else text[: _MAX_ERROR_CHARS - 1] + "…"
+
+
+def _compact_json(model: BaseModel) -> str:
+    """JSON with a space after separators, as people and models write it."""
+    return json.dumps(model.model_dump(mode="json", by_alias=True), ensure_ascii=False)

@@ -1,0 +1,128 @@
+"""``textgym/…`` env ids, and one call to register your own text env.
+
+``gym.make("textgym/Blackjack-v1", **kwargs)`` builds the base env with the keyword arguments
+it accepts and the :class:`~textgym.wrappers.TextEnvWrapper` with the wrapper's options.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import gymnasium as gym
+
+from textgym.envs.classic import PRESETS
+from textgym.wrappers import TextEnvWrapper
+
+__all__ = ["NAMESPACE", "WRAPPER_OPTIONS", "make_text_env", "register", "registered_ids"]
+
+NAMESPACE = "textgym"
+WRAPPER_OPTIONS = frozenset(inspect.signature(TextEnvWrapper.__init__).parameters) - {
+    "self",
+    "env",
+    "env_kwargs",
+}
+
+
+def make_text_env(
+    env_id: str | Callable[..., gym.Env[Any, Any]],
+    render_mode: str | None = None,
+    preset: str | None = None,
+    **kwargs: Any,
+) -> TextEnvWrapper:
+    """Entry point of registered text envs: make the base env, then wrap it.
+
+    Args:
+        env_id: Base env id, or a callable returning the base env.
+        render_mode: Passed to the base env.
+        preset: Name of a built-in preset (formatter, action names, task prompt) to apply.
+        **kwargs: Options of :class:`TextEnvWrapper` go to the wrapper; all others go to the
+            base env (e.g. ``map_name="8x8"`` for FrozenLake).
+
+    Example:
+        >>> env = make_text_env("FrozenLake-v1", preset="FrozenLake-v1", is_slippery=False)
+        >>> env.unwrapped.spec.kwargs["is_slippery"]
+        False
+    """
+    wrapper_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in WRAPPER_OPTIONS}
+    if preset is not None:
+        spec = PRESETS[preset]
+        defaults: dict[str, Any] = {"formatter": spec.formatter(), "system_prompt": spec.system_prompt}
+        defaults.update(spec.options)
+        wrapper_kwargs = {**defaults, **wrapper_kwargs}
+    if render_mode is not None:
+        kwargs["render_mode"] = render_mode
+    base = gym.make(env_id, **kwargs) if isinstance(env_id, str) else env_id(**kwargs)
+    return TextEnvWrapper(base, **wrapper_kwargs)
+
+
+def register(
+    id: str,
+    env: str | Callable[..., gym.Env[Any, Any]],
+    formatter: Any = None,
+    parser: Any = None,
+    *,
+    env_kwargs: Mapping[str, Any] | None = None,
+    max_episode_steps: int | None = None,
+    **wrapper_kwargs: Any,
+) -> None:
+    """Register a text env in one call, so ``gym.make(id)`` builds it.
+
+    Args:
+        id: The new id, e.g. ``"textgym/MyGrid-v0"`` or ``"mylab/MyGrid-v0"``.
+        env: Base env id or a callable returning the base env.
+        formatter: As for :class:`TextEnvWrapper`.
+        parser: As for :class:`TextEnvWrapper`.
+        env_kwargs: Default keyword arguments for the base env.
+        max_episode_steps: Turn limit applied by ``gym.make`` (invalid replies count).
+        **wrapper_kwargs: Other :class:`TextEnvWrapper` options (``system_prompt``, ...).
+
+    Example:
+        >>> import gymnasium as gym
+        >>> register("mylab/Cart-v0", "CartPole-v1", "Pole angle: {o[2]:.3f}",
+        ...          action_names=["left", "right"])
+        >>> messages, info = gym.make("mylab/Cart-v0").reset(seed=0)
+        >>> messages[-1]["content"]
+        'Pole angle: -0.046'
+    """
+    unknown = set(wrapper_kwargs) - WRAPPER_OPTIONS
+    if unknown:
+        raise TypeError(
+            f"Unknown TextEnvWrapper options {sorted(unknown)}; base env options go in env_kwargs"
+        )
+    kwargs = {"env_id": env, "formatter": formatter, "parser": parser, **wrapper_kwargs}
+    kwargs.update(env_kwargs or {})
+    gym.register(
+        id=id,
+        entry_point=make_text_env,
+        kwargs=kwargs,
+        max_episode_steps=max_episode_steps,
+    )
+
+
+def registered_ids() -> list[str]:
+    """Return the ids registered under the ``textgym/`` namespace, sorted.
+
+    Example:
+        >>> "textgym/Blackjack-v1" in registered_ids()
+        True
+    """
+    return sorted(k for k in gym.registry if k.startswith(f"{NAMESPACE}/"))
+
+
+def _register_builtin() -> None:
+    for name in PRESETS:
+        gym.register(
+            id=f"{NAMESPACE}/{name}",
+            entry_point="textgym.registration:make_text_env",
+            kwargs={"env_id": name, "preset": name},
+        )
+    gym.register(
+        id=f"{NAMESPACE}/Calculator-v0",
+        entry_point="textgym.envs.calculator:make_calculator_text_env",
+    )
+
+
+if f"{NAMESPACE}/Blackjack-v1" not in gym.registry:
+    _register_builtin()

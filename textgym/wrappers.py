@@ -1,0 +1,300 @@
+"""``TextEnvWrapper``: any Gymnasium env becomes a text env (chat messages in, reply text out).
+
+The wrapper owns prompt construction (system prompt with action instructions, a window of
+past turns, the new observation) so policies stay stateless: messages in, reply text out.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping
+from typing import Any, SupportsFloat
+
+import gymnasium as gym
+from gymnasium.core import ActType, ObsType
+
+from textgym.formatters import as_formatter
+from textgym.parsers import ActionParseError, as_parser
+from textgym.spaces import ChatMessages, UnicodeText
+
+__all__ = ["INVALID_MODES", "Messages", "TextEnvWrapper"]
+
+Messages = list[dict[str, str]]
+INVALID_MODES = ("penalize", "default_action", "raise")
+_ERROR_ROOM = 1024  # characters reserved in a user message for the quoted parse error
+
+
+class TextEnvWrapper(
+    gym.Wrapper[Messages, str, ObsType, ActType], gym.utils.RecordConstructorArgs
+):
+    """Observations become chat messages; the model's reply text is parsed into an action.
+
+    Every ``step`` returns in ``info``: ``reply``, ``parsed_action`` (None if invalid),
+    ``env_action`` (the action the env took, None if it was not stepped), ``parse_error``
+    (None if valid), ``invalid``, ``invalid_count`` (this episode) and
+    ``consecutive_invalid``.
+
+    Example:
+        >>> import gymnasium as gym
+        >>> env = TextEnvWrapper(gym.make("Blackjack-v1"), action_names=["stick", "hit"])
+        >>> messages, info = env.reset(seed=0)
+        >>> [m["role"] for m in messages]
+        ['system', 'user']
+        >>> messages[-1]["content"]
+        'Observation: (15, 2, 0)'
+        >>> messages, reward, terminated, truncated, info = env.step('{"action": "stick"}')
+        >>> info["env_action"], reward, terminated
+        (np.int64(0), 1.0, True)
+        >>> _ = env.reset(seed=0)
+        >>> messages, reward, terminated, truncated, info = env.step("I fold")
+        >>> info["parse_error"], reward
+        ('no JSON object found in the reply and no action name (stick, hit)', -1.0)
+    """
+
+    def __init__(
+        self,
+        env: gym.Env[ObsType, ActType] | str,
+        formatter: Any = None,
+        parser: Any = None,
+        *,
+        system_prompt: str | None = None,
+        history: int = 0,
+        on_invalid: str = "penalize",
+        invalid_penalty: float = 1.0,
+        max_invalid: int = 3,
+        default_action: Any = None,
+        max_reply_chars: int = 4096,
+        max_observation_chars: int = 8192,
+        action_names: Any = None,
+        action_field: str | None = None,
+        action_description: str | None = None,
+        env_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Wrap an env.
+
+        Args:
+            env: An env instance or a registered env id (made with ``env_kwargs``).
+            formatter: A :class:`~textgym.formatters.Formatter`, a callable
+                ``(obs, info) -> str`` or a template string; None renders any space generically.
+            parser: An :class:`~textgym.parsers.ActionParser`, a Pydantic model class or a
+                callable ``reply -> action``; None generates a Pydantic model from the
+                action space.
+            system_prompt: Task description; the action instructions are appended to it.
+            history: Number of past turns (observation + reply) kept in the prompt.
+            on_invalid: What an invalid reply does: ``"penalize"`` (reward
+                ``-invalid_penalty``, env not stepped, the observation repeats with the error
+                quoted, truncation after ``max_invalid`` consecutive invalid replies),
+                ``"default_action"`` (the env steps with ``default_action`` and the reward
+                loses ``invalid_penalty``) or ``"raise"`` (:class:`ActionParseError`).
+            invalid_penalty: Reward subtracted for an invalid reply (>= 0).
+            max_invalid: Consecutive invalid replies that truncate the episode (penalize mode).
+            default_action: Action for ``"default_action"`` mode; defaults to the first
+                action of a Discrete space.
+            max_reply_chars: Longer replies are invalid without being parsed.
+            max_observation_chars: Longest formatted observation accepted from the formatter.
+            action_names: Names of Discrete actions for the generated schema (a mapping from
+                key to names for Dict spaces).
+            action_field: JSON field holding the action in the generated schema.
+            action_description: Description of the action field shown to the model.
+            env_kwargs: Keyword arguments for ``gym.make`` when ``env`` is an id.
+        """
+        gym.utils.RecordConstructorArgs.__init__(
+            self,
+            formatter=formatter,
+            parser=parser,
+            system_prompt=system_prompt,
+            history=history,
+            on_invalid=on_invalid,
+            invalid_penalty=invalid_penalty,
+            max_invalid=max_invalid,
+            default_action=default_action,
+            max_reply_chars=max_reply_chars,
+            max_observation_chars=max_observation_chars,
+            action_names=action_names,
+            action_field=action_field,
+            action_description=action_description,
+        )
+        if isinstance(env, str):
+            env = gym.make(env, **dict(env_kwargs or {}))
+        elif env_kwargs:
+            raise ValueError("env_kwargs only apply when env is an env id, not an env instance")
+        if not isinstance(env, gym.Env):
+            raise TypeError(f"Expected a gymnasium.Env or an env id, got {type(env).__name__}")
+        super().__init__(env)
+        _check_options(on_invalid, history, invalid_penalty, max_invalid, max_reply_chars)
+        if not (isinstance(max_observation_chars, int) and max_observation_chars >= 1):
+            raise ValueError(f"Expected max_observation_chars >= 1, got {max_observation_chars!r}")
+
+        schema_options = {
+            k: v
+            for k, v in {
+                "action_names": action_names,
+                "field_name": action_field,
+                "description": action_description,
+            }.items()
+            if v is not None
+        }
+        self.formatter = as_formatter(formatter)
+        self.parser = as_parser(parser, env.action_space, **schema_options)
+        self.formatter.bind(env)
+        self.parser.bind(env)
+
+        self.history = history
+        self.on_invalid = "penalize" if on_invalid == "penalise" else on_invalid
+        self.invalid_penalty = float(invalid_penalty)
+        self.max_invalid = max_invalid
+        self.max_reply_chars = max_reply_chars
+        self.max_observation_chars = max_observation_chars
+        self.default_action = self._resolve_default_action(default_action)
+        self.system_prompt = _system_prompt(system_prompt, env, self.parser.instructions())
+
+        content_limit = max(len(self.system_prompt), max_observation_chars + _ERROR_ROOM, max_reply_chars)
+        self.observation_space = ChatMessages(2 + 2 * history, content_limit)
+        self.action_space = UnicodeText(max_reply_chars)
+
+        self._turns: deque[tuple[str, str]] = deque(maxlen=history)
+        self._user_text = ""
+        self._obs_text = ""
+        self._invalid_count = 0
+        self._consecutive_invalid = 0
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Messages, dict[str, Any]]:
+        """Reset the env and return the first prompt."""
+        obs, info = self.env.reset(seed=seed, options=options)
+        self._turns.clear()
+        self._invalid_count = self._consecutive_invalid = 0
+        self._obs_text = self._user_text = self.format_observation(obs, info)
+        return self._messages(), dict(info)
+
+    def step(self, action: str) -> tuple[Messages, SupportsFloat, bool, bool, dict[str, Any]]:
+        """Parse the reply, step the env (or handle the invalid reply) and return the next prompt."""
+        if not isinstance(action, str):
+            raise TypeError(f"Expected the reply as str, got {type(action).__name__}")
+        env_action, error = self.parse_reply(action)
+        if error is not None and self.on_invalid == "raise":
+            raise ActionParseError(error, action)
+        self._turns.append((self._user_text, action[: self.max_reply_chars]))
+
+        if error is None:
+            self._consecutive_invalid = 0
+            obs, reward, terminated, truncated, info = self.env.step(env_action)
+            self._obs_text = self._user_text = self.format_observation(obs, info)
+            info = dict(info)
+            parsed = env_action
+        else:
+            self._invalid_count += 1
+            self._consecutive_invalid += 1
+            parsed = None
+            if self.on_invalid == "default_action":
+                env_action = self.default_action
+                obs, reward, terminated, truncated, info = self.env.step(env_action)
+                reward = float(reward) - self.invalid_penalty
+                self._obs_text = self.format_observation(obs, info)
+                note = f"Your last reply was invalid ({error}); the default action was taken."
+                info = dict(info)
+            else:
+                env_action = None
+                reward, terminated = -self.invalid_penalty, False
+                truncated = self._consecutive_invalid >= self.max_invalid
+                note = f"Your last reply was invalid ({error}). Reply again in the required format."
+                info = {}
+            self._user_text = f"{note}\n\n{self._obs_text}"
+
+        info.update(
+            reply=action,
+            parsed_action=parsed,
+            env_action=env_action,
+            parse_error=error,
+            invalid=error is not None,
+            invalid_count=self._invalid_count,
+            consecutive_invalid=self._consecutive_invalid,
+        )
+        return self._messages(), reward, terminated, truncated, info
+
+    def parse_reply(self, reply: str) -> tuple[Any, str | None]:
+        """Return ``(env_action, None)`` for a valid reply, else ``(None, error message)``.
+
+        Never raises for bad reply text: parser failures of any kind become the error message.
+        """
+        if len(reply) > self.max_reply_chars:
+            return None, f"reply is {len(reply)} characters long, over the limit of {self.max_reply_chars}"
+        try:
+            action = self.parser.parse(reply)
+        except ActionParseError as e:
+            return None, str(e)
+        except Exception as e:  # a user parser's bug must not end a training run
+            return None, f"the parser raised {type(e).__name__}: {str(e)[:300]}"
+        if not self.env.action_space.contains(action):
+            return None, f"the reply maps to {action!r}, which is not in the action space {self.env.action_space}"
+        return action, None
+
+    def format_observation(self, obs: Any, info: Mapping[str, Any]) -> str:
+        """Render an env observation with the formatter, checking type and length."""
+        text = self.formatter(obs, info)
+        if not isinstance(text, str):
+            raise TypeError(f"The formatter must return str, got {type(text).__name__}")
+        if len(text) > self.max_observation_chars:
+            raise ValueError(
+                f"The formatted observation has {len(text)} characters, over "
+                f"max_observation_chars={self.max_observation_chars}; raise the limit or shorten the formatter"
+            )
+        return text
+
+    def example_reply(self, action: Any) -> str | None:
+        """Return a reply that makes the parser produce ``action`` (None if it cannot say)."""
+        return self.parser.example(action)
+
+    def _messages(self) -> Messages:
+        messages = [{"role": "system", "content": self.system_prompt}]
+        for user, assistant in self._turns:
+            messages.append({"role": "user", "content": user})
+            messages.append({"role": "assistant", "content": assistant})
+        messages.append({"role": "user", "content": self._user_text})
+        return messages
+
+    def _resolve_default_action(self, default_action: Any) -> Any:
+        if default_action is None:
+            if self.on_invalid != "default_action":
+                return None
+            if not isinstance(self.env.action_space, gym.spaces.Discrete):
+                raise ValueError(
+                    "on_invalid='default_action' needs default_action for a "
+                    f"{type(self.env.action_space).__name__} action space"
+                )
+            default_action = self.env.action_space.start
+        if not self.env.action_space.contains(default_action):
+            raise ValueError(
+                f"default_action {default_action!r} is not in the action space {self.env.action_space}"
+            )
+        return default_action
+
+
+def _check_options(
+    on_invalid: str, history: int, invalid_penalty: float, max_invalid: int, max_reply_chars: int
+) -> None:
+    if on_invalid not in (*INVALID_MODES, "penalise"):
+        raise ValueError(f"Expected on_invalid to be one of {INVALID_MODES}, got {on_invalid!r}")
+    if not (isinstance(history, int) and history >= 0):
+        raise ValueError(f"Expected history to be an int >= 0, got {history!r}")
+    if not invalid_penalty >= 0:
+        raise ValueError(
+            f"Expected invalid_penalty >= 0 (it is subtracted from the reward), got {invalid_penalty!r}"
+        )
+    if not (isinstance(max_invalid, int) and max_invalid >= 1):
+        raise ValueError(f"Expected max_invalid to be an int >= 1, got {max_invalid!r}")
+    if not (isinstance(max_reply_chars, int) and max_reply_chars >= 1):
+        raise ValueError(f"Expected max_reply_chars to be an int >= 1, got {max_reply_chars!r}")
+
+
+def _system_prompt(system_prompt: str | None, env: gym.Env[Any, Any], instructions: str) -> str:
+    if system_prompt is None:
+        name = env.spec.id if env.spec is not None else type(env.unwrapped).__name__
+        system_prompt = (
+            f"You are an agent acting in the environment {name}. Each turn you see an "
+            "observation; reply with your next action."
+        )
+    elif not isinstance(system_prompt, str):
+        raise TypeError(f"Expected system_prompt as str, got {type(system_prompt).__name__}")
+    return f"{system_prompt}\n\n{instructions}" if instructions else system_prompt
