@@ -254,9 +254,41 @@ def _blocks(space: UnicodeText | ChatMessages, shared_memory: Any) -> np.ndarray
 @read_from_shared_memory.register(ChatMessages)
 def _read_text_from_shared_memory(
     space: UnicodeText | ChatMessages, shared_memory: Any, n: int = 1
-) -> tuple[Any, ...]:
-    blocks = _blocks(space, shared_memory)
-    return tuple(_unpack(space, blocks[i]) for i in range(n))
+) -> SharedTextView:
+    return SharedTextView(space, shared_memory, n)
+
+
+class SharedTextView(Sequence[Any]):
+    """A live view of the observations in shared memory, decoded when read.
+
+    ``AsyncVectorEnv`` calls ``read_from_shared_memory`` once and expects a view that sees
+    every later write (numpy arrays do). Decoded strings would go stale, so this decodes on
+    access; ``copy.deepcopy`` (what ``AsyncVectorEnv`` returns by default) gives a plain tuple.
+    """
+
+    def __init__(self, space: UnicodeText | ChatMessages, shared_memory: Any, n: int) -> None:
+        self._space, self._memory, self._n = space, shared_memory, n
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return tuple(self[i] for i in range(*index.indices(self._n)))
+        if not -self._n <= index < self._n:
+            raise IndexError(f"index {index} out of range for {self._n} environments")
+        return _unpack(self._space, _blocks(self._space, self._memory)[index % self._n])
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> tuple[Any, ...]:
+        return tuple(self)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and tuple(self) == tuple(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"SharedTextView({tuple(self)!r})"
 
 
 @write_to_shared_memory.register(UnicodeText)

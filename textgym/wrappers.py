@@ -41,10 +41,10 @@ class TextEnvWrapper(
         >>> [m["role"] for m in messages]
         ['system', 'user']
         >>> messages[-1]["content"]
-        'Observation: (15, 2, 0)'
+        'Observation: (11, 10, 0)'
         >>> messages, reward, terminated, truncated, info = env.step('{"action": "stick"}')
         >>> info["env_action"], reward, terminated
-        (np.int64(0), 1.0, True)
+        (np.int64(0), -1.0, True)
         >>> _ = env.reset(seed=0)
         >>> messages, reward, terminated, truncated, info = env.step("I fold")
         >>> info["parse_error"], reward

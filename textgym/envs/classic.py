@@ -81,7 +81,8 @@ class FrozenLakeFormatter(_GridFormatter):
         """Draw the lake with the agent's position."""
         row, col = divmod(int(obs), len(self.rows[0]))
         where = f"You are at row {row}, column {col} (P on the map; rows and columns count from 0)."
-        return f"{where}\n{self._draw(row, col)}"
+        under = {"H": " You fell into a hole.", "G": " You reached the goal."}
+        return f"{where}{under.get(self.rows[row][col], '')}\n{self._draw(row, col)}"
 
 
 class CliffWalkingFormatter(_GridFormatter):

@@ -1,0 +1,117 @@
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import textgym
+from textgym import TextEnvWrapper, check_text_env, register, registered_ids
+from textgym.checker import find_text_wrapper
+
+CLASSIC_IDS = [
+    "textgym/Acrobot-v1",
+    "textgym/Blackjack-v1",
+    "textgym/CartPole-v1",
+    "textgym/CliffWalking-v1",
+    "textgym/FrozenLake-v1",
+    "textgym/FrozenLake8x8-v1",
+    "textgym/MountainCar-v0",
+    "textgym/Pendulum-v1",
+    "textgym/Taxi-v4",
+]
+
+
+def test_registered_ids():
+    assert registered_ids() == sorted([*CLASSIC_IDS, "textgym/Calculator-v0"])
+
+
+@pytest.mark.parametrize("env_id", CLASSIC_IDS)
+def test_registered_env_passes_checkers(env_id):
+    env = gym.make(env_id)
+    assert check_text_env(env, n_samples=30) == 30
+    assert env.spec.id == env_id
+
+
+@pytest.mark.parametrize("env_id", CLASSIC_IDS)
+def test_registered_env_plays_like_the_base_env(env_id):
+    """Replying with the example reply of action a gives the same rewards as stepping a."""
+    env = gym.make(env_id)
+    text_env = find_text_wrapper(env)
+    base = gym.make(text_env.unwrapped.spec.kwargs.get("env_id", env_id.split("/")[1]))
+    base.reset(seed=11)
+    env.reset(seed=11)
+    base.action_space.seed(0)
+    for _ in range(5):
+        action = base.action_space.sample()
+        _, base_reward, base_term, _, _ = base.step(action)
+        _, reward, terminated, _, info = env.step(env.get_wrapper_attr("example_reply")(action))
+        assert not info["invalid"]
+        assert np.isclose(float(reward), float(base_reward), atol=1e-5)
+        assert terminated == base_term
+        if terminated:
+            break
+
+
+def test_wrapper_and_env_kwargs_are_split():
+    env = gym.make("textgym/FrozenLake-v1", map_name="8x8", is_slippery=False, history=2)
+    text_env = find_text_wrapper(env)
+    assert text_env.history == 2
+    assert env.unwrapped.spec.kwargs["map_name"] == "8x8"
+    messages, _ = env.reset(seed=0)
+    assert len(messages[-1]["content"].splitlines()) == 9  # position line + 8 map rows
+
+
+def test_wrapper_options_override_preset():
+    env = gym.make("textgym/Blackjack-v1", system_prompt="Be bold.", formatter="Total {o[0]}")
+    messages, _ = env.reset(seed=0)
+    assert messages[0]["content"].startswith("Be bold.\n\nReply with")
+    assert messages[1]["content"] == "Total 11"
+
+
+def test_render_mode_reaches_base_env():
+    env = gym.make("textgym/FrozenLake-v1", render_mode="ansi")
+    env.reset(seed=0)
+    assert "FHFH" in env.render()
+
+
+def test_unknown_id_suggests_close_match():
+    with pytest.raises(gym.error.NameNotFound, match="Did you mean: `Blackjack`"):
+        gym.make("textgym/Blackjak-v1")
+    with pytest.raises(gym.error.VersionNotFound, match="It provides versioned environments"):
+        gym.make("textgym/Blackjack-v2")
+    with pytest.raises(gym.error.DeprecatedEnv, match="Please use `textgym/Taxi-v4` instead"):
+        gym.make("textgym/Taxi-v3")
+
+
+def test_register_user_env_with_pydantic_parser():
+    from pydantic import BaseModel
+
+    class Push(BaseModel):
+        direction: int
+
+    register(
+        "tests/Push-v0",
+        "CartPole-v1",
+        formatter="Angle {o[2]:.2f}",
+        parser=Push,
+        max_episode_steps=5,
+        env_kwargs={"sutton_barto_reward": True},
+    )
+    env = gym.make("tests/Push-v0")
+    messages, _ = env.reset(seed=0)
+    assert messages[-1]["content"] == "Angle -0.05"
+    for _ in range(5):
+        _, reward, terminated, truncated, info = env.step('{"direction": 1}')
+        if terminated or truncated:
+            break
+    assert truncated or terminated
+    assert env.unwrapped.spec.kwargs["sutton_barto_reward"] is True
+
+
+def test_register_rejects_unknown_wrapper_options():
+    with pytest.raises(TypeError, match=r"Unknown TextEnvWrapper options \['histroy'\]"):
+        register("tests/Bad-v0", "CartPole-v1", histroy=2)
+
+
+def test_make_text_env_with_callable_base():
+    env = textgym.make_text_env(lambda **kw: gym.make("Blackjack-v1", **kw), natural=True)
+    assert isinstance(env, TextEnvWrapper)
+    assert env.unwrapped.natural is True
