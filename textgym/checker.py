@@ -77,8 +77,12 @@ def check_text_env(
         try:
             parsed = parser.parse(reply)
         except ActionParseError as e:
-            raise AssertionError(f"Example reply {reply!r} for action {action!r} does not parse: {e}") from e
-        assert action_space.contains(parsed), f"Reply {reply!r} parsed to {parsed!r}, outside {action_space}"
+            raise AssertionError(
+                f"Example reply {reply!r} for action {action!r} does not parse: {e}"
+            ) from e
+        assert action_space.contains(parsed), (
+            f"Reply {reply!r} parsed to {parsed!r}, outside {action_space}"
+        )
         assert data_equivalence(parsed, action) or _close(parsed, action), (
             f"Reply {reply!r} for action {action!r} parsed back to {parsed!r}"
         )
@@ -105,7 +109,9 @@ def _check_valid_step(env: gym.Env[Any, Any], text_env: TextEnvWrapper, seed: in
     reply = text_env.parser.example(text_env.env.action_space.sample())
     if reply is not None:
         _, _, _, _, info = env.step(reply)
-        assert not info["invalid"], f"The example reply {reply!r} was invalid: {info['parse_error']}"
+        assert not info["invalid"], (
+            f"The example reply {reply!r} was invalid: {info['parse_error']}"
+        )
 
 
 def _close(a: Any, b: Any) -> bool:

@@ -48,7 +48,10 @@ def make_text_env(
     wrapper_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in WRAPPER_OPTIONS}
     if preset is not None:
         spec = PRESETS[preset]
-        defaults: dict[str, Any] = {"formatter": spec.formatter(), "system_prompt": spec.system_prompt}
+        defaults: dict[str, Any] = {
+            "formatter": spec.formatter(),
+            "system_prompt": spec.system_prompt,
+        }
         defaults.update(spec.options)
         wrapper_kwargs = {**defaults, **wrapper_kwargs}
     if render_mode is not None:

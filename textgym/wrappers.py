@@ -24,9 +24,7 @@ INVALID_MODES = ("penalize", "default_action", "raise")
 _ERROR_ROOM = 1024  # characters reserved in a user message for the quoted parse error
 
 
-class TextEnvWrapper(
-    gym.Wrapper[Messages, str, ObsType, ActType], gym.utils.RecordConstructorArgs
-):
+class TextEnvWrapper(gym.Wrapper[Messages, str, ObsType, ActType], gym.utils.RecordConstructorArgs):
     """Observations become chat messages; the model's reply text is parsed into an action.
 
     Every ``step`` returns in ``info``: ``reply``, ``parsed_action`` (None if invalid),
@@ -148,7 +146,9 @@ class TextEnvWrapper(
         self.default_action = self._resolve_default_action(default_action)
         self.system_prompt = _system_prompt(system_prompt, env, self.parser.instructions())
 
-        content_limit = max(len(self.system_prompt), max_observation_chars + _ERROR_ROOM, max_reply_chars)
+        content_limit = max(
+            len(self.system_prompt), max_observation_chars + _ERROR_ROOM, max_reply_chars
+        )
         self.observation_space = ChatMessages(2 + 2 * history, content_limit)
         self.action_space = UnicodeText(max_reply_chars)
 
@@ -169,7 +169,7 @@ class TextEnvWrapper(
         return self._messages(), dict(info)
 
     def step(self, action: str) -> tuple[Messages, SupportsFloat, bool, bool, dict[str, Any]]:
-        """Parse the reply, step the env (or handle the invalid reply) and return the next prompt."""
+        """Parse the reply, step the env (or handle an invalid reply); return the next prompt."""
         if not isinstance(action, str):
             raise TypeError(f"Expected the reply as str, got {type(action).__name__}")
         env_action, error = self.parse_reply(action)
@@ -219,7 +219,10 @@ class TextEnvWrapper(
         Never raises for bad reply text: parser failures of any kind become the error message.
         """
         if len(reply) > self.max_reply_chars:
-            return None, f"reply is {len(reply)} characters long, over the limit of {self.max_reply_chars}"
+            return (
+                None,
+                f"reply is {len(reply)} characters long, over the limit of {self.max_reply_chars}",
+            )
         try:
             action = self.parser.parse(reply)
         except ActionParseError as e:
@@ -227,7 +230,11 @@ class TextEnvWrapper(
         except Exception as e:  # a user parser's bug must not end a training run
             return None, f"the parser raised {type(e).__name__}: {str(e)[:300]}"
         if not self.env.action_space.contains(action):
-            return None, f"the reply maps to {action!r}, which is not in the action space {self.env.action_space}"
+            return (
+                None,
+                f"the reply maps to {action!r}, which is not in the action space "
+                f"{self.env.action_space}",
+            )
         return action, None
 
     def format_observation(self, obs: Any, info: Mapping[str, Any]) -> str:
@@ -238,7 +245,8 @@ class TextEnvWrapper(
         if len(text) > self.max_observation_chars:
             raise ValueError(
                 f"The formatted observation has {len(text)} characters, over "
-                f"max_observation_chars={self.max_observation_chars}; raise the limit or shorten the formatter"
+                f"max_observation_chars={self.max_observation_chars}; raise the limit or shorten "
+                "the formatter"
             )
         return text
 
@@ -266,7 +274,8 @@ class TextEnvWrapper(
             default_action = self.env.action_space.start
         if not self.env.action_space.contains(default_action):
             raise ValueError(
-                f"default_action {default_action!r} is not in the action space {self.env.action_space}"
+                f"default_action {default_action!r} is not in the action space "
+                f"{self.env.action_space}"
             )
         return default_action
 
@@ -280,7 +289,8 @@ def _check_options(
         raise ValueError(f"Expected history to be an int >= 0, got {history!r}")
     if not invalid_penalty >= 0:
         raise ValueError(
-            f"Expected invalid_penalty >= 0 (it is subtracted from the reward), got {invalid_penalty!r}"
+            "Expected invalid_penalty >= 0 (it is subtracted from the reward), "
+            f"got {invalid_penalty!r}"
         )
     if not (isinstance(max_invalid, int) and max_invalid >= 1):
         raise ValueError(f"Expected max_invalid to be an int >= 1, got {max_invalid!r}")

@@ -29,10 +29,15 @@ def transcript(env_id, replies, seed=0, **kwargs):
 
 
 CASES = {
-    "blackjack.txt": ("textgym/Blackjack-v1", ['{"action": "hit"}', "I'll stay put", "stick"], 6, {}),
+    "blackjack.txt": (
+        "textgym/Blackjack-v1",
+        ['{"action": "hit"}', "I'll stay put", "stick"],
+        6,
+        {},
+    ),
     "frozenlake.txt": (
         "textgym/FrozenLake-v1",
-        ['{"action": "right"}', "down", "```json\n{\"action\": \"jump\"}\n```", "down"],
+        ['{"action": "right"}', "down", '```json\n{"action": "jump"}\n```', "down"],
         0,
         {"is_slippery": False},
     ),

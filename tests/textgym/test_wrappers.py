@@ -25,7 +25,7 @@ def test_messages_are_system_then_user():
     env = blackjack()
     messages, info = env.reset(seed=0)
     assert [m["role"] for m in messages] == ["system", "user"]
-    assert "one of \"stick\", \"hit\"" in messages[0]["content"]
+    assert 'one of "stick", "hit"' in messages[0]["content"]
     assert messages[1]["content"] == "Observation: (11, 10, 0)"
     assert env.observation_space.contains(messages)
     assert isinstance(env.observation_space, ChatMessages)
@@ -236,11 +236,21 @@ def test_env_id_and_env_kwargs():
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"on_invalid": "ignore"}, "Expected on_invalid to be one of ('penalize', 'default_action', 'raise'), got 'ignore'"),
+        (
+            {"on_invalid": "ignore"},
+            "Expected on_invalid to be one of ('penalize', 'default_action', 'raise'), "
+            "got 'ignore'",
+        ),
         ({"history": -1}, "Expected history to be an int >= 0, got -1"),
-        ({"invalid_penalty": -1.0}, "Expected invalid_penalty >= 0 (it is subtracted from the reward), got -1.0"),
+        (
+            {"invalid_penalty": -1.0},
+            "Expected invalid_penalty >= 0 (it is subtracted from the reward), got -1.0",
+        ),
         ({"max_invalid": 0}, "Expected max_invalid to be an int >= 1, got 0"),
-        ({"on_invalid": "default_action", "default_action": 5}, "default_action 5 is not in the action space Discrete(2)"),
+        (
+            {"on_invalid": "default_action", "default_action": 5},
+            "default_action 5 is not in the action space Discrete(2)",
+        ),
     ],
 )
 def test_bad_options_are_rejected_eagerly(kwargs, message):

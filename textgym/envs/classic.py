@@ -64,10 +64,10 @@ class FrozenLakeFormatter(_GridFormatter):
         >>> import gymnasium as gym
         >>> fmt = FrozenLakeFormatter()
         >>> fmt.bind(gym.make("FrozenLake-v1"))
-        >>> print(fmt(5, {}))
-        You are at row 1, column 1 (P on the map; rows and columns count from 0).
+        >>> print(fmt(6, {}))
+        You are at row 1, column 2 (P on the map; rows and columns count from 0).
         SFFF
-        FPFH
+        FHPH
         FFFH
         HFFG
     """
@@ -125,7 +125,7 @@ class TaxiFormatter(Formatter):
         >>> fmt.bind(gym.make("Taxi-v4"))
         >>> print(fmt(328, {}))
         The taxi is at row 3, column 1 (T on the map).
-        The passenger waits at Y (row 4, column 0) and wants to go to B (row 4, column 3).
+        The passenger waits at Y (row 4, column 0) and wants to go to R (row 0, column 0).
         +---------+
         |R: | : :G|
         | : | : : |
@@ -208,7 +208,8 @@ class MountainCarFormatter(Formatter):
         """Describe the car."""
         position, velocity = (float(v) for v in obs)
         return (
-            f"Car position: {_num(position)} (the goal is at 0.5; the valley bottom is near -0.52)\n"
+            f"Car position: {_num(position)} "
+            "(the goal is at 0.5; the valley bottom is near -0.52)\n"
             f"Car velocity: {_num(velocity)} (positive moves right)"
         )
 
@@ -229,11 +230,12 @@ class AcrobotFormatter(Formatter):
         """Describe both links and the tip height."""
         cos1, sin1, cos2, sin2, omega1, omega2 = (float(v) for v in obs)
         theta1, theta2 = math.atan2(sin1, cos1), math.atan2(sin2, cos2)
+        deg1, deg2 = _num(math.degrees(theta1), 1), _num(math.degrees(theta2), 1)
         height = -math.cos(theta1) - math.cos(theta1 + theta2)
         return "\n".join(
             [
-                f"First link angle: {_num(math.degrees(theta1), 1)} degrees (0 hangs straight down)",
-                f"Second link angle, relative to the first: {_num(math.degrees(theta2), 1)} degrees",
+                f"First link angle: {deg1} degrees (0 hangs straight down)",
+                f"Second link angle, relative to the first: {deg2} degrees",
                 f"Angular velocities: {_num(omega1)} and {_num(omega2)} rad/s",
                 f"Tip height: {_num(height, 2)} (swing it above 1.0)",
             ]
