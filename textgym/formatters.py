@@ -13,7 +13,14 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-__all__ = ["Formatter", "FunctionFormatter", "GenericFormatter", "TemplateFormatter", "as_formatter", "render_value"]
+__all__ = [
+    "Formatter",
+    "FunctionFormatter",
+    "GenericFormatter",
+    "TemplateFormatter",
+    "as_formatter",
+    "render_value",
+]
 
 
 class Formatter:
@@ -31,6 +38,7 @@ class Formatter:
         """Called once by the wrapper with the wrapped env; override to read env details."""
 
     def __call__(self, obs: Any, info: Mapping[str, Any]) -> str:
+        """Same as :meth:`format`, so a formatter is also a plain ``(obs, info) -> str``."""
         return self.format(obs, info)
 
     def __eq__(self, other: object) -> bool:
@@ -117,7 +125,8 @@ class GenericFormatter(Formatter):
             values = list(np.asarray(obs).reshape(-1)) if isinstance(obs, np.ndarray) else list(obs)
             if len(values) != len(self.labels):
                 raise ValueError(
-                    f"Expected {len(self.labels)} values for labels {self.labels}, got {len(values)}"
+                    f"Expected {len(self.labels)} values for labels {self.labels}, "
+                    f"got {len(values)}"
                 )
             items = list(zip(self.labels, values, strict=True))
         else:
@@ -159,7 +168,12 @@ class TemplateFormatter(Formatter):
             fields.update({str(k): _plain(v, self.precision) for k, v in obs.items()})
         plain = _plain(obs, self.precision)
         fields.update(obs=obs, info=info, text=render_value(obs, self.precision), o=plain)
-        return self.template.format(**fields)
+        try:
+            return self.template.format(**fields)
+        except KeyError as e:
+            raise ValueError(
+                f"The template names the field {e}, which is not one of {sorted(fields)}"
+            ) from None
 
 
 class FunctionFormatter(Formatter):

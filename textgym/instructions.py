@@ -7,13 +7,20 @@ descriptions) and an example reply, so the same action space always yields the s
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from pydantic import BaseModel
 
 __all__ = ["describe_model", "example_from_schema"]
 
-_TYPE_WORDS = {"integer": "integer", "number": "number", "string": "string", "boolean": "true or false"}
+_TYPE_WORDS = {
+    "integer": "integer",
+    "number": "number",
+    "string": "string",
+    "boolean": "true or false",
+    "null": "null",
+}
 
 
 def describe_model(model: type[BaseModel], example: str | None = None) -> str:
@@ -28,9 +35,8 @@ def describe_model(model: type[BaseModel], example: str | None = None) -> str:
 
     Example:
         >>> from typing import Literal
-        >>> from pydantic import BaseModel
-        >>> class Move(BaseModel):
-        ...     direction: Literal["left", "right"]
+        >>> from pydantic import create_model
+        >>> Move = create_model("Move", direction=(Literal["left", "right"], ...))
         >>> print(describe_model(Move, '{"direction": "left"}'))
         Reply with a JSON object with exactly these fields:
         - "direction": one of "left", "right"
@@ -51,7 +57,10 @@ def _field_lines(schema: dict[str, Any], defs: dict[str, Any], indent: str) -> l
         text = f"{indent}- {json.dumps(name)}"
         nested = _resolve(prop, defs)
         if nested.get("type") == "object" and "properties" in nested:
-            lines.append(f"{text}: an object with these fields:")
+            if prop.get("description"):
+                lines.append(f"{text}: an object. {prop['description']} Its fields:")
+            else:
+                lines.append(f"{text}: an object with these fields:")
             lines += _field_lines(nested, defs, indent + "  ")
             continue
         text += f": {_type_text(prop, defs)}"
@@ -102,11 +111,16 @@ def _bounds_text(prop: dict[str, Any]) -> str:
     low, high = prop.get("minimum"), prop.get("maximum")
     if low is not None and high is not None:
         return f" from {low} to {high}"
+    parts = []
     if low is not None:
-        return f" >= {low}"
+        parts.append(f">= {low}")
+    elif prop.get("exclusiveMinimum") is not None:
+        parts.append(f"> {prop['exclusiveMinimum']}")
     if high is not None:
-        return f" <= {high}"
-    return ""
+        parts.append(f"<= {high}")
+    elif prop.get("exclusiveMaximum") is not None:
+        parts.append(f"< {prop['exclusiveMaximum']}")
+    return " " + " and ".join(parts) if parts else ""
 
 
 def example_from_schema(model: type[BaseModel]) -> dict[str, Any] | None:
@@ -146,9 +160,7 @@ def _example(prop: dict[str, Any], defs: dict[str, Any], depth: int) -> Any:
         return _example(prop["anyOf"][0], defs, depth + 1)
     kind = prop.get("type")
     if kind in ("integer", "number"):
-        low, high = prop.get("minimum"), prop.get("maximum")
-        value = low if low is not None else (high if high is not None and high < 0 else 0)
-        return int(value) if kind == "integer" else float(value)
+        return _number_example(prop, int if kind == "integer" else float)
     if kind == "string":
         return "x" * max(1, int(prop.get("minLength", 1)))
     if kind == "boolean":
@@ -164,3 +176,27 @@ def _example(prop: dict[str, Any], defs: dict[str, Any], depth: int) -> Any:
             if k in prop.get("required", [])
         }
     raise ValueError(f"no example for schema type {kind!r}")
+
+
+def _number_example(prop: dict[str, Any], kind: type) -> int | float:
+    """The lower bound, else 0 (or a negative upper bound), else the first value inside."""
+    low, high = prop.get("minimum"), prop.get("maximum")
+    x_low, x_high = prop.get("exclusiveMinimum"), prop.get("exclusiveMaximum")
+    lows = [b for b in (low, x_low) if b is not None]
+    highs = [b for b in (high, x_high) if b is not None]
+    candidates = [low, high if high is not None and high < 0 else 0]
+    candidates.append(max(lows) + 1 if lows else None)
+    candidates.append((max(lows) + min(highs)) / 2 if lows and highs else None)
+    candidates.append(min(highs) - 1 if highs else None)
+    for candidate in candidates:
+        if candidate is None:
+            continue
+        value = kind(math.floor(candidate) if kind is int else candidate)
+        if (
+            (low is None or value >= low)
+            and (high is None or value <= high)
+            and (x_low is None or value > x_low)
+            and (x_high is None or value < x_high)
+        ):
+            return value
+    raise ValueError(f"no {kind.__name__} satisfies the bounds of {prop}")

@@ -17,7 +17,7 @@ import pydantic_core
 from pydantic import BaseModel, ValidationError
 
 from textgym.instructions import describe_model, example_from_schema
-from textgym.schemas import ActionSchema, ActionNames, schema_from_space
+from textgym.schemas import ActionNames, ActionSchema, schema_from_space
 
 __all__ = ["ActionParseError", "ActionParser", "FunctionParser", "JSONActionParser", "as_parser"]
 
@@ -71,7 +71,14 @@ class ActionParser(ABC):
         """Return every valid reply of a finite action set (one per action), or None."""
         return None
 
-    def bind(self, env: gym.Env[Any, Any]) -> None:
+    def __eq__(self, other: object) -> bool:
+        # Value equality lets Gymnasium re-create an env from its spec: `gym.make(env.spec)`
+        # compares the recorded wrapper arguments with those of the rebuilt env.
+        return type(self) is type(other) and vars(self) == vars(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def bind(self, env: gym.Env[Any, Any]) -> None:  # noqa: B027 (optional hook, no-op)
         """Called once by the wrapper with the wrapped env; override to read env details."""
 
 
@@ -120,14 +127,34 @@ class JSONActionParser(ActionParser):
             raise TypeError(f"Expected a Pydantic model class or ActionSchema, got {model!r}")
         self.schema = schema
         self.model = schema.model
+        self._given = (model if isinstance(model, type) else None, to_action, from_action)
         self._to_action = to_action or schema.to_action
         self._from_action = from_action or schema.from_action
         self.lenient = lenient
         self._names_pattern = None
         if lenient and schema.names:
-            alternatives = "|".join(re.escape(n) for n in sorted(schema.names, key=len, reverse=True))
-            self._names_pattern = re.compile(rf"(?<![\w-])({alternatives})(?![\w-])", re.IGNORECASE)
+            # One group per name, so a match says which name it is: re's case-insensitive
+            # matching is not str.lower ("ſtick" matches "stick", "İ".lower() is two chars).
+            longest_first = sorted(enumerate(schema.names), key=lambda item: -len(item[1]))
+            alternatives = "|".join(f"(?P<n{i}>{re.escape(n)})" for i, n in longest_first)
+            self._names_pattern = re.compile(
+                rf"(?<![\w-])(?:{alternatives})(?![\w-])", re.IGNORECASE
+            )
         self._instructions = describe_model(self.model, self._default_example())
+
+    def __eq__(self, other: object) -> bool:
+        # Schemas generated from equal spaces hold fresh closures, so compare what defines
+        # them: the JSON schema, the names, leniency and any user-given callables.
+        return (
+            type(self) is type(other)
+            and self._given == other._given  # type: ignore[attr-defined]
+            and self.lenient == other.lenient  # type: ignore[attr-defined]
+            and self.schema.names == other.schema.names  # type: ignore[attr-defined]
+            and self.schema.actions == other.schema.actions  # type: ignore[attr-defined]
+            and self.model.model_json_schema() == other.model.model_json_schema()  # type: ignore[attr-defined]
+        )
+
+    __hash__ = None  # type: ignore[assignment]
 
     @classmethod
     def from_space(
@@ -194,7 +221,7 @@ class JSONActionParser(ActionParser):
             return None
         try:
             value = pydantic_core.from_json(stripped)
-        except ValueError:
+        except (ValueError, TypeError):  # TypeError: a lone surrogate cannot be UTF-8 encoded
             return None
         try:
             return self.model.model_validate({self.schema.field: value})
@@ -204,13 +231,20 @@ class JSONActionParser(ActionParser):
             return None
 
     def _validate_names(self, text: str) -> BaseModel | None:
-        found = {m.group(1).lower() for m in self._names_pattern.finditer(text)}  # type: ignore[union-attr]
+        # Only free text counts: a name inside a rejected JSON object ({"action": "hit",
+        # "extra": 1}) must not turn that object into a valid reply.
+        matches = self._names_pattern.finditer(_outside_json(text))  # type: ignore[union-attr]
+        found = sorted({int(m.lastgroup[1:]) for m in matches})  # type: ignore[index]
+        names = self.schema.names or ()
         if len(found) > 1:
-            listed = ", ".join(n for n in self.schema.names or () if n.lower() in found)
+            listed = ", ".join(names[i] for i in found)
             raise ActionParseError(f"ambiguous reply: it names several actions ({listed})", text)
         if not found:
             return None
-        return self.model.model_validate({self.schema.field: found.pop()})
+        try:
+            return self.model.model_validate({self.schema.field: names[found[0]]})
+        except ValidationError as e:  # a hand-made ActionSchema whose names its model rejects
+            raise _validation_error(e, text) from None
 
     def instructions(self) -> str:
         """Return the generated format instructions (fields, allowed values, an example)."""
@@ -322,8 +356,24 @@ def _schema_for_model(model: type[BaseModel]) -> ActionSchema:
 
 
 def _json_objects(text: str) -> list[str]:
-    """Return every top-level ``{...}`` span, skipping braces inside JSON strings."""
-    spans, depth, start, in_string = [], 0, 0, False
+    """Return the first top-level ``{...}`` spans, skipping braces inside JSON strings."""
+    return [text[start:end] for start, end in _json_spans(text, _MAX_CANDIDATES)]
+
+
+def _outside_json(text: str) -> str:
+    """Return the free text of a reply: every top-level ``{...}`` span blanked out."""
+    parts, end = [], 0
+    for start, stop in _json_spans(text, None):
+        parts.append(text[end:start])
+        end = stop
+    parts.append(text[end:])
+    return " ".join(parts)
+
+
+def _json_spans(text: str, limit: int | None) -> list[tuple[int, int]]:
+    """Return ``(start, end)`` of the top-level ``{...}`` spans (at most ``limit`` of them)."""
+    spans: list[tuple[int, int]] = []
+    depth, start, in_string = 0, 0, False
     for match in _JSON_TOKENS.finditer(text):
         char, pos = match.group(), match.start()
         if in_string:
@@ -339,8 +389,8 @@ def _json_objects(text: str) -> list[str]:
         elif char == "}" and depth > 0:
             depth -= 1
             if depth == 0:
-                spans.append(text[start : pos + 1])
-                if len(spans) >= _MAX_CANDIDATES:
+                spans.append((start, pos + 1))
+                if limit is not None and len(spans) >= limit:
                     break
     return spans
 

@@ -92,11 +92,9 @@ def schema_from_space(
         array([0.5], dtype=float32)
     """
     if isinstance(space, spaces.Dict):
-        names = dict(action_names or {})
         if not isinstance(action_names, Mapping | None):
             raise ValueError("For a Dict action space, action_names must map keys to name lists")
-        model, to_env, to_json = _dict_model("Action", space, names)
-        discrete_names = None
+        model, to_env, to_json = _dict_model("Action", space, dict(action_names or {}))
         return ActionSchema(
             model=model,
             to_action=to_env,
@@ -177,10 +175,16 @@ def _discrete_node(space: spaces.Discrete, names: Sequence[str] | None, path: st
             return canonical.get(value.strip().lower(), value)
         return value
 
+    def name_of(action: Any) -> str:
+        index = int(action) - start
+        if not 0 <= index < len(names):  # a negative index would wrap around silently
+            raise ValueError(f"action {action!r} is not in {space}")
+        return names[index]
+
     return _Node(
         annotation=Annotated[Literal[names], BeforeValidator(normalise)],  # type: ignore[valid-type]
         to_env=lambda v: np.int64(start + names.index(v)),
-        to_json=lambda a: names[int(a) - start],
+        to_json=name_of,
     )
 
 
@@ -196,25 +200,34 @@ def _array_node(space: spaces.Space[Any], low: np.ndarray, high: np.ndarray, pat
     if high.size and np.all(high == high.flat[0]) and np.isfinite(high.flat[0]):
         element_bounds["le"] = scalar(high.flat[0])
     annotation: Any = Annotated[scalar, Field(**element_bounds)]
+    if np.issubdtype(dtype, np.floating):
+        # A finite JSON number past the dtype's range (1e300 for float32) would become inf.
+        limit = float(np.finfo(dtype).max)
+        low, high = np.maximum(low, -limit), np.minimum(high, limit)
 
     def to_env(value: Any) -> np.ndarray:
         return np.asarray(value, dtype=dtype).reshape(shape)
 
-    if int(np.prod(shape)) == 1:  # a single number, whatever the shape: Pendulum's torque
-        return _Node(annotation=annotation, to_env=to_env, to_json=lambda a: _py(a).item())
-
-    for size in reversed(shape):
-        annotation = Annotated[list[annotation], Field(min_length=size, max_length=size)]
-
     def check_bounds(value: Any) -> Any:
-        array = np.asarray(value, dtype=np.float64)
+        array = np.asarray(value, dtype=np.float64).reshape(shape)
         outside = np.argwhere((array < low) | (array > high))
         if outside.size:
             index = tuple(int(i) for i in outside[0])
+            where = f" at {list(index)}" if array.size > 1 else ""
             raise ValueError(
-                f"value at {list(index)} is {array[index]:g}, outside [{low[index]:g}, {high[index]:g}]"
+                f"value{where} is {array[index]:g}, outside [{low[index]:g}, {high[index]:g}]"
             )
         return value
+
+    if int(np.prod(shape)) == 1:  # a single number, whatever the shape: Pendulum's torque
+        return _Node(
+            annotation=Annotated[annotation, AfterValidator(check_bounds)],
+            to_env=to_env,
+            to_json=lambda a: _py(a).item(),
+        )
+
+    for size in reversed(shape):
+        annotation = Annotated[list[annotation], Field(min_length=size, max_length=size)]
 
     return _Node(
         annotation=Annotated[annotation, AfterValidator(check_bounds)],
@@ -253,9 +266,9 @@ def _dict_model(
         node = _node(sub, names.get(key), path=str(key))
         fields[attr] = (node.annotation, Field(alias=key) if attr != key else Field())
         children[key] = (attr, node)
-    model = create_model(
-        name, __config__=ConfigDict(extra="forbid", validate_by_name=True), **fields
-    )
+    # Aliases only: the internal ``field_i`` names are not in the JSON schema the model sees,
+    # so a reply using them is as wrong as any other extra field.
+    model = create_model(name, __config__=ConfigDict(extra="forbid"), **fields)
 
     def to_env(m: BaseModel) -> dict[str, Any]:
         return {key: node.to_env(getattr(m, attr)) for key, (attr, node) in children.items()}

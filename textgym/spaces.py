@@ -146,8 +146,8 @@ class ChatMessages(Space[list[dict[str, str]]]):
         if mask is not None or probability is not None:
             raise NotImplementedError("ChatMessages.sample does not support masks")
         n = int(self.np_random.integers(1, self.max_messages + 1))
-        text = UnicodeText(min(self.max_content_length, 64))
-        text.np_random = self.np_random
+        # Passing the generator as the seed shares it, so one seed fixes the whole sample.
+        text = UnicodeText(min(self.max_content_length, 64), seed=self.np_random)
         order = [r for r in ("user", "assistant") if r in self.roles] or list(self.roles)
         roles = ["system" if "system" in self.roles else order[0]]
         roles += [order[i % len(order)] for i in range(n - 1)]
@@ -172,7 +172,10 @@ class ChatMessages(Space[list[dict[str, str]]]):
         return False
 
     def __repr__(self) -> str:
-        return f"ChatMessages(max_messages={self.max_messages}, max_content_length={self.max_content_length})"
+        return (
+            f"ChatMessages(max_messages={self.max_messages}, "
+            f"max_content_length={self.max_content_length})"
+        )
 
     def __eq__(self, other: object) -> bool:
         return (
@@ -216,7 +219,8 @@ def _pack(space: UnicodeText | ChatMessages, value: Any) -> bytes:
     parts = [len(value).to_bytes(4, "little")]
     for message in value:
         data = _encode(message["content"])
-        parts += [bytes([space.roles.index(message["role"])]), len(data).to_bytes(4, "little"), data]
+        role = bytes([space.roles.index(message["role"])])
+        parts += [role, len(data).to_bytes(4, "little"), data]
     return b"".join(parts)
 
 

@@ -6,6 +6,7 @@ past turns, the new observation) so policies stay stateless: messages in, reply 
 
 from __future__ import annotations
 
+import copy
 from collections import deque
 from collections.abc import Mapping
 from typing import Any, SupportsFloat
@@ -30,7 +31,8 @@ class TextEnvWrapper(gym.Wrapper[Messages, str, ObsType, ActType], gym.utils.Rec
     Every ``step`` returns in ``info``: ``reply``, ``parsed_action`` (None if invalid),
     ``env_action`` (the action the env took, None if it was not stepped), ``parse_error``
     (None if valid), ``invalid``, ``invalid_count`` (this episode) and
-    ``consecutive_invalid``.
+    ``consecutive_invalid``. When an invalid reply leaves the env unstepped, the env's keys
+    repeat those of its last observation.
 
     Example:
         >>> import gymnasium as gym
@@ -157,6 +159,7 @@ class TextEnvWrapper(gym.Wrapper[Messages, str, ObsType, ActType], gym.utils.Rec
         self._obs_text = ""
         self._invalid_count = 0
         self._consecutive_invalid = 0
+        self._env_info: Mapping[str, Any] = {}
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
@@ -166,6 +169,7 @@ class TextEnvWrapper(gym.Wrapper[Messages, str, ObsType, ActType], gym.utils.Rec
         self._turns.clear()
         self._invalid_count = self._consecutive_invalid = 0
         self._obs_text = self._user_text = self.format_observation(obs, info)
+        self._env_info = info
         return self._messages(), dict(info)
 
     def step(self, action: str) -> tuple[Messages, SupportsFloat, bool, bool, dict[str, Any]]:
@@ -181,6 +185,7 @@ class TextEnvWrapper(gym.Wrapper[Messages, str, ObsType, ActType], gym.utils.Rec
             self._consecutive_invalid = 0
             obs, reward, terminated, truncated, info = self.env.step(env_action)
             self._obs_text = self._user_text = self.format_observation(obs, info)
+            self._env_info = info
             info = dict(info)
             parsed = env_action
         else:
@@ -192,6 +197,7 @@ class TextEnvWrapper(gym.Wrapper[Messages, str, ObsType, ActType], gym.utils.Rec
                 obs, reward, terminated, truncated, info = self.env.step(env_action)
                 reward = float(reward) - self.invalid_penalty
                 self._obs_text = self.format_observation(obs, info)
+                self._env_info = info
                 note = f"Your last reply was invalid ({error}); the default action was taken."
                 info = dict(info)
             else:
@@ -199,7 +205,8 @@ class TextEnvWrapper(gym.Wrapper[Messages, str, ObsType, ActType], gym.utils.Rec
                 reward, terminated = -self.invalid_penalty, False
                 truncated = self._consecutive_invalid >= self.max_invalid
                 note = f"Your last reply was invalid ({error}). Reply again in the required format."
-                info = {}
+                # The env did not move: repeat its last info (a copy, as callers keep infos).
+                info = copy.deepcopy(dict(self._env_info))
             self._user_text = f"{note}\n\n{self._obs_text}"
 
         info.update(

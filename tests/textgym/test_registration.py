@@ -115,3 +115,22 @@ def test_make_text_env_with_callable_base():
     env = textgym.make_text_env(lambda **kw: gym.make("Blackjack-v1", **kw), natural=True)
     assert isinstance(env, TextEnvWrapper)
     assert env.unwrapped.natural is True
+
+
+@pytest.mark.parametrize("env_id", [*CLASSIC_IDS, "textgym/Calculator-v0"])
+def test_spec_rebuilds_registered_env(env_id):
+    env = gym.make(env_id)
+    rebuilt = gym.make(env.spec)
+    assert rebuilt.reset(seed=3)[0] == env.reset(seed=3)[0]
+
+
+def test_spec_rebuilds_env_with_generated_parser_instance():
+    from textgym import JSONActionParser
+
+    def factory(**kwargs):
+        base = gym.make("CartPole-v1", **kwargs)
+        return TextEnvWrapper(base, parser=JSONActionParser.from_space(base.action_space))
+
+    gym.register("tests/CartFactory-v0", entry_point=factory)
+    env = gym.make("tests/CartFactory-v0")
+    assert gym.make(env.spec).reset(seed=0)[0] == env.reset(seed=0)[0]

@@ -304,3 +304,12 @@ def test_info_json_serialisable_for_logging():
     env.reset(seed=0)
     _, _, _, _, info = env.step("hit")
     json.dumps({k: (v.item() if hasattr(v, "item") else v) for k, v in info.items()})
+
+
+def test_penalized_step_repeats_last_env_info_as_a_copy():
+    env = TextEnvWrapper(gym.make("Taxi-v4"))
+    _, reset_info = env.reset(seed=0)
+    _, _, _, _, info = env.step("drive!")
+    assert np.array_equal(info["action_mask"], reset_info["action_mask"])
+    assert info["action_mask"] is not reset_info["action_mask"]
+    assert info["invalid"] is True
