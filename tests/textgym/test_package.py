@@ -24,9 +24,9 @@ def test_no_eval_exec_or_pickle_in_package():
     for path in PACKAGE.rglob("*.py"):
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for node in ast.walk(tree):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
-                if node.func.id in banned:
-                    found.append(f"{path.name}:{node.lineno} {node.func.id}()")
+            is_call = isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+            if is_call and node.func.id in banned:
+                found.append(f"{path.name}:{node.lineno} {node.func.id}()")
             if isinstance(node, ast.Import | ast.ImportFrom):
                 names = [a.name for a in node.names] + [getattr(node, "module", None) or ""]
                 if any(n.split(".")[0] in {"pickle", "marshal", "shelve"} for n in names):
