@@ -28,11 +28,12 @@ _ERROR_ROOM = 1024  # characters reserved in a user message for the quoted parse
 class TextEnvWrapper(gym.Wrapper[Messages, str, ObsType, ActType], gym.utils.RecordConstructorArgs):
     """Observations become chat messages; the model's reply text is parsed into an action.
 
-    Every ``step`` returns in ``info``: ``reply``, ``parsed_action`` (None if invalid),
-    ``env_action`` (the action the env took, None if it was not stepped), ``parse_error``
-    (None if valid), ``invalid``, ``invalid_count`` (this episode) and
-    ``consecutive_invalid``. When an invalid reply leaves the env unstepped, the env's keys
-    repeat those of its last observation.
+    Every ``step`` returns in ``info``: ``reply``, ``invalid``, ``invalid_count`` (this
+    episode) and ``consecutive_invalid``; ``parsed_action`` when the reply was valid;
+    ``env_action`` (the action the env took) when the env was stepped; ``parse_error`` when
+    the reply was invalid. (Absent rather than None, so infos batch in vector envs, where
+    ``info["_parse_error"]`` masks the envs that have one.) When an invalid reply leaves the
+    env unstepped, the env's keys repeat those of its last observation.
 
     Example:
         >>> import gymnasium as gym
@@ -209,15 +210,20 @@ class TextEnvWrapper(gym.Wrapper[Messages, str, ObsType, ActType], gym.utils.Rec
                 info = copy.deepcopy(dict(self._env_info))
             self._user_text = f"{note}\n\n{self._obs_text}"
 
+        # Keys without a value are left out rather than set to None: vector envs batch each
+        # key into an array typed by its first value, and None beside a number breaks that.
         info.update(
             reply=action,
-            parsed_action=parsed,
-            env_action=env_action,
-            parse_error=error,
             invalid=error is not None,
             invalid_count=self._invalid_count,
             consecutive_invalid=self._consecutive_invalid,
         )
+        if parsed is not None:
+            info["parsed_action"] = parsed
+        if env_action is not None:
+            info["env_action"] = env_action
+        if error is not None:
+            info["parse_error"] = error
         return self._messages(), reward, terminated, truncated, info
 
     def parse_reply(self, reply: str) -> tuple[Any, str | None]:

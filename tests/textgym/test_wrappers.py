@@ -38,7 +38,7 @@ def test_valid_reply_steps_env_and_records_info():
     messages, reward, terminated, truncated, info = env.step('```json\n{"action": "stick"}\n```')
     assert (reward, terminated, truncated) == (1.0, True, False)
     assert info["parsed_action"] == 0 and info["env_action"] == 0
-    assert info["parse_error"] is None and info["invalid"] is False
+    assert "parse_error" not in info and info["invalid"] is False
     assert info["invalid_count"] == 0 and info["consecutive_invalid"] == 0
     assert info["reply"] == '```json\n{"action": "stick"}\n```'
 
@@ -59,7 +59,7 @@ def test_penalize_repeats_observation_with_error_and_truncates():
     first, _ = env.reset(seed=0)
     messages, reward, terminated, truncated, info = env.step("no idea")
     assert reward == -0.5 and not terminated and not truncated
-    assert info["env_action"] is None and info["invalid"] is True
+    assert "env_action" not in info and "parsed_action" not in info and info["invalid"] is True
     assert info["parse_error"] == (
         "no JSON object found in the reply and no action name (stick, hit)"
     )
@@ -92,7 +92,7 @@ def test_default_action_mode_steps_env_with_penalty():
     env.reset(seed=0)
     messages, reward, terminated, _, info = env.step("gibberish")
     assert reward == raw_reward - 0.25 and terminated
-    assert info["env_action"] == 0 and info["parsed_action"] is None
+    assert info["env_action"] == 0 and "parsed_action" not in info
     assert messages[-1]["content"].startswith("Your last reply was invalid (")
     assert "the default action was taken." in messages[-1]["content"]
 
@@ -313,3 +313,16 @@ def test_penalized_step_repeats_last_env_info_as_a_copy():
     assert np.array_equal(info["action_mask"], reset_info["action_mask"])
     assert info["action_mask"] is not reset_info["action_mask"]
     assert info["invalid"] is True
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_infos_batch_when_valid_and_invalid_replies_mix(mode):
+    envs = gym.make_vec("textgym/Blackjack-v1", num_envs=3, vectorization_mode=mode)
+    envs.reset(seed=0)
+    _, _, _, _, infos = envs.step(["hit", "??", "stick"])
+    assert infos["invalid"].tolist() == [False, True, False]
+    assert infos["_parsed_action"].tolist() == [True, False, True]
+    assert infos["parsed_action"][[0, 2]].tolist() == [1, 0]
+    assert infos["_parse_error"].tolist() == [False, True, False]
+    assert infos["parse_error"][1].startswith("no JSON object found")
+    envs.close()

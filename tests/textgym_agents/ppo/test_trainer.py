@@ -1,0 +1,205 @@
+import math
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+import textgym  # noqa: F401
+from textgym import TextEnvWrapper
+from textgym_agents import PPOConfig, PPOPolicy, PPOTrainer, RolloutBuffer, Turn
+from textgym_agents.ppo import core
+from textgym_agents.testing import tiny_model, word_tokenizer
+
+
+class PayingChoice(gym.Env):
+    """One-step bandit: replying "yes" pays 1, "no" pays 0."""
+
+    observation_space = gym.spaces.Discrete(1)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return 0, {}
+
+    def step(self, action):
+        return 0, float(action == 1), True, False, {"is_success": bool(action == 1)}
+
+
+def paying_choice_env():
+    return TextEnvWrapper(
+        PayingChoice(),
+        formatter="choose yes or no",
+        action_names=["no", "yes"],
+        system_prompt="answer",
+        invalid_penalty=0.1,
+        max_invalid=1,
+    )
+
+
+def small_config(**overrides):
+    values = dict(num_steps=2, max_new_tokens=6, minibatch_size=8, micro_batch_size=4, seed=0)
+    values.update(overrides)
+    return PPOConfig(**values)
+
+
+@pytest.fixture
+def policy():
+    model, tokenizer = tiny_model()
+    return PPOPolicy(model, tokenizer, config=small_config())
+
+
+def test_first_minibatch_ratio_is_exactly_one(policy, monkeypatch):
+    calls = []
+    original = core.policy_loss
+
+    def spy(per_token_logps, old_per_token_logps, *args, **kwargs):
+        calls.append((per_token_logps.detach().clone(), old_per_token_logps.clone(), args[1]))
+        return original(per_token_logps, old_per_token_logps, *args, **kwargs)
+
+    monkeypatch.setattr(core, "policy_loss", spy)
+    trainer = PPOTrainer(policy, gym.make_vec("textgym/Blackjack-v1", num_envs=4))
+    trainer.update(trainer.collect())
+    new, old, mask = calls[0]
+    assert mask.sum() > 0
+    assert torch.equal(new * mask, old * mask)  # bit-identical: same layout, same weights
+    # later minibatches (after optimizer steps) move away from the old policy
+    assert any(not torch.equal(n * m, o * m) for n, o, m in calls[2:])
+
+
+def test_kl_to_reference_is_zero_before_training(policy):
+    prompts = [policy.encode([{"role": "user", "content": "hit?"}])]
+    responses = [[1, 2, 3]]
+    with torch.no_grad():
+        own = policy.score(prompts, responses)
+        ref = policy.score(prompts, responses, adapter=False)
+    assert torch.equal(own.logps, ref.logps)
+
+
+def test_update_changes_lora_and_value_head_only(policy):
+    base_before = {
+        n: p.detach().clone() for n, p in policy.model.named_parameters() if "lora_" not in n
+    }
+    lora_before = {
+        n: p.detach().clone() for n, p in policy.model.named_parameters() if "lora_" in n
+    }
+    head_before = [p.detach().clone() for p in policy.value_head.parameters()]
+    trainer = PPOTrainer(policy, gym.make_vec("textgym/Blackjack-v1", num_envs=4))
+    metrics = trainer.update(trainer.collect())
+    for key in ["loss/policy", "loss/value", "policy/entropy", "policy/approx_kl"]:
+        assert math.isfinite(metrics[key]), key
+    named = dict(policy.model.named_parameters())
+    assert all(torch.equal(named[n], p) for n, p in base_before.items())
+    assert any(not torch.equal(named[n], p) for n, p in lora_before.items())
+    assert any(
+        not torch.equal(a, b)
+        for a, b in zip(policy.value_head.parameters(), head_before, strict=True)
+    )
+
+
+def test_kl_grows_after_updates(policy):
+    trainer = PPOTrainer(policy, gym.make_vec("textgym/Blackjack-v1", num_envs=4))
+    first = trainer.update(trainer.collect())
+    assert first["objective/kl"] == 0.0
+    trainer.update(trainer.collect())
+    buffer = trainer.collect()
+    trainer._score(buffer.turns(), np.arange(len(buffer)))
+    trainer._advantages(buffer)
+    assert any(abs(t.kl) > 0 for t in buffer.turns())
+
+
+def test_hand_filled_buffer_step_by_step(policy):
+    """Users who own the loop fill a buffer themselves and call update()."""
+    trainer = PPOTrainer(policy)
+    env = gym.make("textgym/Blackjack-v1")
+    buffer = RolloutBuffer()
+    for episode in range(3):
+        messages, _ = env.reset(seed=episode)
+        done = False
+        while not done:
+            generation = policy.generate([messages])
+            messages, reward, terminated, truncated, info = env.step(generation.texts[0])
+            done = terminated or truncated
+            turn = Turn(
+                generation.prompt_ids[0],
+                generation.response_ids[0],
+                float(reward),
+                terminated=terminated,
+                truncated=truncated and not terminated,
+                invalid=info["invalid"],
+            )
+            if turn.truncated:
+                turn.bootstrap_ids = policy.encode(messages)
+            buffer.add(episode, turn)
+    metrics = trainer.update(buffer)
+    assert metrics["env/turns"] == sum(1 for _ in metrics) * 0 + trainer.turns
+    assert len(buffer) == 0  # consumed
+    with pytest.raises(ValueError, match="This trainer has no envs"):
+        trainer.collect()
+
+
+def test_single_env_and_episode_counting(policy):
+    trainer = PPOTrainer(policy, gym.make("textgym/Blackjack-v1"))
+    metrics = trainer.step()
+    assert metrics["env/turns"] == policy.config.num_steps
+    assert trainer.episodes == metrics["env/episodes"]
+    assert metrics["throughput/turns_per_s"] > 0
+
+
+def test_truncated_turns_bootstrap_from_final_observation(policy):
+    # Every reply is invalid for a random tiny model: max_invalid=1 truncates each episode.
+    envs = gym.make_vec("textgym/Blackjack-v1", num_envs=2, max_invalid=1)
+    trainer = PPOTrainer(policy, envs)
+    buffer = trainer.collect()
+    truncated = [t for t in buffer.turns() if t.truncated]
+    assert truncated and all(t.bootstrap_ids is not None for t in truncated)
+
+
+@pytest.mark.parametrize("mode", ["NEXT_STEP", "SAME_STEP"])
+def test_autoreset_modes(policy, mode):
+    envs = gym.make_vec(
+        "textgym/Blackjack-v1",
+        num_envs=2,
+        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode[mode]},
+    )
+    trainer = PPOTrainer(policy, envs)
+    buffer = trainer.collect()
+    per_stream = [len(turns) for turns in buffer.streams.values()]
+    if mode == "SAME_STEP":
+        assert per_stream == [policy.config.num_steps] * 2  # no step is spent on resets
+    else:
+        assert all(n <= policy.config.num_steps for n in per_stream)
+
+
+def test_policy_learns_to_prefer_paying_reply():
+    """A tiny model learns that "yes" pays: > 90% of greedy replies within 40 updates."""
+    torch.manual_seed(0)
+    model, tokenizer = tiny_model(word_tokenizer(["yes", "no", "maybe", "ok"]))
+    with torch.no_grad():  # near-uniform start: every word is sampled from the first update
+        model.get_input_embeddings().weight.mul_(0.05)
+    config = PPOConfig(
+        num_steps=1,
+        max_new_tokens=1,
+        minibatch_size=16,
+        micro_batch_size=16,
+        num_epochs=4,
+        learning_rate=3e-2,
+        kl_coef=0.0,
+        seed=0,
+    )
+    policy = PPOPolicy(model, tokenizer, config=config)
+    envs = gym.vector.SyncVectorEnv([paying_choice_env for _ in range(16)])
+    trainer = PPOTrainer(policy, envs)
+    prompt = paying_choice_env().reset(seed=0)[0]
+
+    def greedy_yes_rate():
+        replies = policy.act([prompt] * 10, greedy=True)
+        return np.mean([r.strip() == "yes" for r in replies])
+
+    start = greedy_yes_rate()
+    for _ in range(40):
+        metrics = trainer.step()
+        if greedy_yes_rate() > 0.9 and metrics["env/success_rate"] > 0.8:
+            break
+    assert greedy_yes_rate() > 0.9, (start, metrics)
+    assert metrics["env/success_rate"] > 0.8

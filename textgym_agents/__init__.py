@@ -1,0 +1,17 @@
+"""textgym_agents: PPO with LoRA for LLM agents on any textgym environment."""
+
+from textgym_agents.evaluation import evaluate
+from textgym_agents.policy import Generation, PPOPolicy
+from textgym_agents.ppo.buffer import RolloutBuffer, Turn
+from textgym_agents.ppo.config import PPOConfig
+from textgym_agents.ppo.trainer import PPOTrainer
+
+__all__ = [
+    "Generation",
+    "PPOConfig",
+    "PPOPolicy",
+    "PPOTrainer",
+    "RolloutBuffer",
+    "Turn",
+    "evaluate",
+]

@@ -1,0 +1,458 @@
+"""Durable, pickle-free checkpoint files: tensors go to safetensors, everything else to JSON.
+
+Every write is atomic (temp file or directory, fsync, rename), so a killed run leaves either the
+previous checkpoint or the new one, never a half-written file at a name that is read back.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import re
+import secrets
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import safetensors.torch
+import torch
+
+__all__ = [
+    "atomic_directory",
+    "atomic_write_bytes",
+    "atomic_write_json",
+    "discard_checkpoints_after",
+    "latest_checkpoint",
+    "list_checkpoints",
+    "load_checkpoint",
+    "load_tensors",
+    "optimizer_state_from_files",
+    "optimizer_state_to_files",
+    "rng_state",
+    "save_checkpoint",
+    "save_tensors",
+    "set_rng_state",
+    "state_from_files",
+    "state_to_files",
+]
+
+logger = logging.getLogger(__name__)
+
+MANIFEST = "checkpoint.json"
+_STEP_DIR = re.compile(r"step_(\d{8,})")
+_LEFTOVER = re.compile(r"step_\d{8,}\.(tmp|old)-.*")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+_TAGS = ("__tuple__", "__tensor__", "__ndarray__", "__dict__")
+
+
+def _fsync_dir(path: Path) -> None:
+    # A rename is only durable once the directory holding the new entry is flushed.
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # Windows cannot open directories; its renames are journaled anyway.
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def _atomic_file(path: str | os.PathLike[str]) -> Iterator[Path]:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write ``data`` to ``path`` so readers see the old file or the new one, never a mix.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> p = pathlib.Path(tempfile.mkdtemp()) / "a.bin"
+        >>> atomic_write_bytes(p, b"hi"); p.read_bytes()
+        b'hi'
+    """
+    with _atomic_file(path) as tmp, open(tmp, "wb") as f:
+        f.write(data)
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, os.PathLike):
+        return os.fspath(obj)
+    raise TypeError(
+        f"Cannot write {type(obj).__name__} to JSON; put tensors in `tensors=` or encode the "
+        "object with state_to_files()"
+    )
+
+
+def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> None:
+    """Atomically write ``obj`` as indented JSON (numpy scalars become Python numbers).
+
+    NaN and infinities are written as Python's ``NaN``/``Infinity`` so they round-trip.
+
+    Example:
+        >>> import tempfile, pathlib, json
+        >>> p = pathlib.Path(tempfile.mkdtemp()) / "a.json"
+        >>> atomic_write_json(p, {"step": 3}); json.loads(p.read_text())
+        {'step': 3}
+    """
+    atomic_write_bytes(path, json.dumps(obj, indent=2, default=_json_default).encode() + b"\n")
+
+
+def save_tensors(
+    path: str | os.PathLike[str],
+    tensors: Mapping[str, torch.Tensor],
+    metadata: dict[str, str] | None = None,
+) -> None:
+    """Atomically write ``tensors`` to a safetensors file (moved to CPU; shared storage is fine).
+
+    Example:
+        >>> import tempfile, pathlib, torch
+        >>> p = pathlib.Path(tempfile.mkdtemp()) / "t.safetensors"
+        >>> w = torch.arange(4.0)
+        >>> save_tensors(p, {"w": w, "head": w[:2]}); load_tensors(p)["head"]
+        tensor([0., 1.])
+    """
+    if metadata is not None and not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
+    ):
+        raise TypeError(f"safetensors metadata must map str to str, got {metadata!r}")
+    seen: set[int] = set()
+    prepared = {}
+    for name, tensor in tensors.items():
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"Expected a torch.Tensor for {name!r}, got {type(tensor).__name__}")
+        t = tensor.detach().to("cpu").contiguous()
+        ptr = t.untyped_storage().data_ptr()
+        # safetensors refuses tensors that alias each other; copies break the aliasing.
+        prepared[name] = t.clone() if ptr in seen and t.numel() else t
+        seen.add(ptr)
+    with _atomic_file(path) as tmp:
+        safetensors.torch.save_file(prepared, tmp, metadata=metadata)
+
+
+def load_tensors(path: str | os.PathLike[str], device: str = "cpu") -> dict[str, torch.Tensor]:
+    """Read every tensor of a safetensors file (see :func:`save_tensors`)."""
+    return safetensors.torch.load_file(path, device=device)
+
+
+@contextmanager
+def atomic_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a temp directory next to ``path`` that becomes ``path`` on a clean exit.
+
+    Files in it are fsynced, then it is renamed to ``path``. If ``path`` exists it is renamed
+    to ``path.old-<random>`` first, the new directory is renamed in, and the old one deleted.
+    A crash between those two renames leaves no ``path``: the previous version survives as
+    ``path.old-*`` and the new one as ``path.tmp-*``, both ignored by :func:`latest_checkpoint`
+    and removed by the next :func:`save_checkpoint`. On an exception the temp directory is
+    removed and ``path`` is untouched.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> p = pathlib.Path(tempfile.mkdtemp()) / "out"
+        >>> with atomic_directory(p) as tmp:
+        ...     _ = (tmp / "f.txt").write_text("x")
+        >>> sorted(q.name for q in p.iterdir())
+        ['f.txt']
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f"{path.name}.tmp-"))
+    try:
+        yield tmp
+        for root, _dirs, files in os.walk(tmp):
+            for name in files:
+                fd = os.open(Path(root) / name, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            _fsync_dir(Path(root))
+        aside = None
+        if path.exists() or path.is_symlink():
+            aside = path.with_name(f"{path.name}.old-{secrets.token_hex(4)}")
+            os.rename(path, aside)
+        try:
+            os.rename(tmp, path)  # the crash window described above ends here
+        except BaseException:
+            if aside is not None:
+                os.rename(aside, path)
+            raise
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _fsync_dir(path.parent)
+    if aside is not None:
+        _remove(aside)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def _encode(obj: Any, name: str, tensors: dict[str, torch.Tensor]) -> Any:
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    if isinstance(obj, torch.Tensor):
+        key, n = name or "tensor", 1
+        while key in tensors:  # paths can collide when dict keys contain dots
+            key, n = f"{name}#{n}", n + 1
+        tensors[key] = obj
+        return {"__tensor__": key}
+    if isinstance(obj, np.ndarray):
+        return {"__ndarray__": obj.tolist(), "dtype": str(obj.dtype), "shape": list(obj.shape)}
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, (list, tuple)):
+        items = [_encode(v, f"{name}.{i}".lstrip("."), tensors) for i, v in enumerate(obj)]
+        return {"__tuple__": items} if isinstance(obj, tuple) else items
+    if isinstance(obj, Mapping):
+        if all(isinstance(k, str) and not k.startswith("__") for k in obj):
+            return {k: _encode(v, f"{name}.{k}".lstrip("."), tensors) for k, v in obj.items()}
+        return {
+            "__dict__": [
+                [_encode(k, "", {}), _encode(v, f"{name}.{k}".lstrip("."), tensors)]
+                for k, v in obj.items()
+            ]
+        }
+    raise TypeError(f"Cannot store {type(obj).__name__} at {name!r} without pickle")
+
+
+def _decode(obj: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
+    if isinstance(obj, list):
+        return [_decode(v, tensors) for v in obj]
+    if not isinstance(obj, dict):
+        return obj
+    if "__tensor__" in obj:
+        return tensors[obj["__tensor__"]]
+    if "__tuple__" in obj:
+        return tuple(_decode(v, tensors) for v in obj["__tuple__"])
+    if "__ndarray__" in obj:
+        return np.array(obj["__ndarray__"], dtype=obj["dtype"]).reshape(obj["shape"])
+    if "__dict__" in obj:
+        return {_decode(k, tensors): _decode(v, tensors) for k, v in obj["__dict__"]}
+    return {k: _decode(v, tensors) for k, v in obj.items()}
+
+
+def state_to_files(state: Any) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Split a nested state (dicts, lists, tuples, numbers, tensors, arrays) into tensors + JSON.
+
+    Tensors are named by their path (``"state.0.exp_avg"``); tuples, non-string dict keys and
+    numpy arrays are tagged in the JSON so :func:`state_from_files` rebuilds the same types.
+
+    Example:
+        >>> import torch
+        >>> tensors, meta = state_to_files({"w": torch.ones(2), "betas": (0.9, 0.99), 3: None})
+        >>> list(tensors), state_from_files(tensors, meta)["betas"]
+        (['w'], (0.9, 0.99))
+    """
+    tensors: dict[str, torch.Tensor] = {}
+    return tensors, {"tree": _encode(state, "", tensors)}
+
+
+def state_from_files(tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any]) -> Any:
+    """Rebuild the state written by :func:`state_to_files`."""
+    return _decode(meta["tree"], tensors)
+
+
+def optimizer_state_to_files(
+    state_dict: Mapping[str, Any],
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Flatten a ``torch.optim`` state_dict into tensors (per-param state) and JSON (the rest).
+
+    Example:
+        >>> import torch
+        >>> w = torch.nn.Parameter(torch.ones(2)); opt = torch.optim.AdamW([w])
+        >>> w.grad = torch.ones(2); opt.step()
+        >>> tensors, meta = optimizer_state_to_files(opt.state_dict())
+        >>> sorted(tensors)
+        ['state.0.exp_avg', 'state.0.exp_avg_sq', 'state.0.step']
+        >>> opt.load_state_dict(optimizer_state_from_files(tensors, meta))
+    """
+    if not {"state", "param_groups"} <= set(state_dict):
+        raise ValueError(
+            f"Expected an optimizer state_dict with 'state' and 'param_groups', got keys "
+            f"{sorted(state_dict)}"
+        )
+    return state_to_files(dict(state_dict))
+
+
+def optimizer_state_from_files(
+    tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Rebuild the state_dict for ``optimizer.load_state_dict`` (see above)."""
+    return state_from_files(tensors, meta)
+
+
+def rng_state() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Capture the python ``random``, numpy global and torch (CPU and CUDA) RNG states.
+
+    Example:
+        >>> import random
+        >>> tensors, meta = rng_state(); a = random.random()
+        >>> set_rng_state(tensors, meta); random.random() == a
+        True
+    """
+    state = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+    return state_to_files(state)
+
+
+def set_rng_state(tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any]) -> None:
+    """Restore the RNG states captured by :func:`rng_state`."""
+    state = state_from_files(tensors, meta)
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"].to(torch.uint8))
+    if state["cuda"]:
+        if not torch.cuda.is_available():
+            logger.warning("Checkpoint has CUDA RNG states but CUDA is unavailable; skipped")
+        elif len(state["cuda"]) != torch.cuda.device_count():
+            logger.warning(
+                "Checkpoint has %d CUDA RNG states for %d devices; CUDA RNG not restored",
+                len(state["cuda"]),
+                torch.cuda.device_count(),
+            )
+        else:
+            torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _check_names(kind: str, names: Iterable[str]) -> None:
+    for name in names:
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
+            raise ValueError(
+                f"{kind} names must match {_NAME.pattern!r} (they become file names), got {name!r}"
+            )
+
+
+def save_checkpoint(
+    run_dir: str | os.PathLike[str],
+    step: int,
+    *,
+    tensors: Mapping[str, Mapping[str, torch.Tensor]] | None = None,
+    json_files: Mapping[str, Any] | None = None,
+    keep: int | None = 3,
+    extra: Callable[[Path], None] | None = None,
+) -> Path:
+    """Atomically write ``run_dir/checkpoints/step_{step:08d}/`` and keep the newest ``keep``.
+
+    Each entry of ``tensors`` becomes ``name.safetensors``, each of ``json_files`` ``name.json``;
+    ``extra(tmp_dir)`` may write more files (e.g. a peft adapter) before the directory is
+    renamed into place. A ``checkpoint.json`` manifest lists them. Re-saving a step replaces it.
+    Pruning never removes the checkpoint just written. Assumes one writer per run directory:
+    it deletes leftovers of crashed saves. Later steps are not removed; when resuming from an
+    earlier checkpoint, call :func:`discard_checkpoints_after` first.
+
+    Example:
+        >>> import tempfile, torch
+        >>> run = tempfile.mkdtemp()
+        >>> path = save_checkpoint(run, 7, tensors={"model": {"w": torch.ones(2)}},
+        ...                        json_files={"trainer": {"step": 7}})
+        >>> path.name, latest_checkpoint(run) == path
+        ('step_00000007', True)
+        >>> tensors, jsons = load_checkpoint(path); jsons
+        {'trainer': {'step': 7}}
+    """
+    tensors, json_files = tensors or {}, json_files or {}
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"Expected a non-negative int step, got {step!r}")
+    if keep is not None and keep < 1:
+        raise ValueError(f"Expected keep >= 1 or None (keep all), got {keep!r}")
+    _check_names("tensors", tensors)
+    _check_names("json_files", json_files)
+    if MANIFEST.removesuffix(".json") in json_files:
+        raise ValueError(f"json_files name 'checkpoint' is reserved for the {MANIFEST} manifest")
+    ckpt_dir = Path(run_dir) / "checkpoints"
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    for leftover in ckpt_dir.iterdir():
+        if _LEFTOVER.fullmatch(leftover.name):
+            logger.warning("Removing %s left by an interrupted checkpoint save", leftover)
+            _remove(leftover)
+    path = ckpt_dir / f"step_{step:08d}"
+    with atomic_directory(path) as tmp:
+        for name, group in tensors.items():
+            save_tensors(tmp / f"{name}.safetensors", group)
+        for name, obj in json_files.items():
+            atomic_write_json(tmp / f"{name}.json", obj)
+        if extra is not None:
+            extra(tmp)
+        manifest = {"step": step, "tensors": sorted(tensors), "json": sorted(json_files)}
+        atomic_write_json(tmp / MANIFEST, manifest)
+    if keep is not None:
+        for old in list_checkpoints(run_dir)[:-keep]:
+            if old != path:
+                _delete_checkpoint(old)
+    return path
+
+
+def _delete_checkpoint(path: Path) -> None:
+    # Rename first so a crash mid-delete never leaves a partial directory under a valid name.
+    aside = path.with_name(f"{path.name}.old-{secrets.token_hex(4)}")
+    os.rename(path, aside)
+    shutil.rmtree(aside)
+
+
+def list_checkpoints(run_dir: str | os.PathLike[str]) -> list[Path]:
+    """Return the complete checkpoints of a run, oldest step first (temp/aside dirs ignored)."""
+    ckpt_dir = Path(run_dir) / "checkpoints"
+    if not ckpt_dir.is_dir():
+        return []
+    found = [
+        (int(m.group(1)), p)
+        for p in ckpt_dir.iterdir()
+        if (m := _STEP_DIR.fullmatch(p.name)) and (p / MANIFEST).is_file()
+    ]
+    return [p for _, p in sorted(found)]
+
+
+def latest_checkpoint(run_dir: str | os.PathLike[str]) -> Path | None:
+    """Return the complete checkpoint with the highest step, or None if there is none."""
+    checkpoints = list_checkpoints(run_dir)
+    return checkpoints[-1] if checkpoints else None
+
+
+def discard_checkpoints_after(run_dir: str | os.PathLike[str], step: int) -> list[Path]:
+    """Delete checkpoints with a step greater than ``step`` (resuming from an earlier one)."""
+    removed = [p for p in list_checkpoints(run_dir) if int(p.name.split("_")[1]) > step]
+    for path in removed:
+        _delete_checkpoint(path)
+    return removed
+
+
+def load_checkpoint(
+    path: str | os.PathLike[str],
+) -> tuple[dict[str, dict[str, torch.Tensor]], dict[str, Any]]:
+    """Read the tensors and JSON files listed in a checkpoint's manifest (extras are not read)."""
+    path = Path(path)
+    if not (path / MANIFEST).is_file():
+        raise FileNotFoundError(f"{path} is not a complete checkpoint: {MANIFEST} is missing")
+    manifest = json.loads((path / MANIFEST).read_text())
+    tensors = {name: load_tensors(path / f"{name}.safetensors") for name in manifest["tensors"]}
+    jsons = {name: json.loads((path / f"{name}.json").read_text()) for name in manifest["json"]}
+    return tensors, jsons

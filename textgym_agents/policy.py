@@ -1,0 +1,356 @@
+"""``PPOPolicy``: chat messages in, reply text out — an LLM with a LoRA adapter and a value head.
+
+The policy only sees text, so it works with every textgym env. Generation is batched (left
+padding, KV cache); scoring runs prompt + reply through the model once (right padding) and
+reads log-probs of the reply tokens and the value of the last prompt token.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from peft import PeftModel
+from torch import nn
+
+from textgym_agents.checkpoint import (
+    atomic_directory,
+    atomic_write_json,
+    load_tensors,
+    save_tensors,
+)
+from textgym_agents.models import ValueHead, attach_lora, hidden_size_of, load_model
+from textgym_agents.ppo.config import PPOConfig
+from textgym_agents.ppo.core import entropy, logprobs_from_logits
+
+__all__ = ["Generation", "PPOPolicy", "Scores"]
+
+Messages = Sequence[dict[str, str]]
+POLICY_FILE = "policy.json"
+VALUE_HEAD_FILE = "value_head.safetensors"
+ADAPTER_DIR = "adapter"
+
+
+@dataclass
+class Generation:
+    """Replies of one batched generation call, with the token ids training needs."""
+
+    prompt_ids: list[list[int]]
+    response_ids: list[list[int]]
+    texts: list[str]
+
+
+@dataclass
+class Scores:
+    """Output of one scoring forward pass over (prompt, response) pairs."""
+
+    logps: torch.Tensor  # (B, T) per-token log-probs of the response tokens
+    mask: torch.Tensor  # (B, T) 1 for response tokens, 0 for padding
+    values: torch.Tensor | None  # (B,) value of each prompt
+    entropy: torch.Tensor | None  # (B, T)
+
+
+class PPOPolicy:
+    """A causal LM with a LoRA adapter and a value head that maps chat messages to replies.
+
+    Example:
+        >>> from textgym_agents.testing import tiny_model
+        >>> model, tokenizer = tiny_model()
+        >>> policy = PPOPolicy(model, tokenizer, config=PPOConfig(max_new_tokens=4))
+        >>> reply = policy.act([{"role": "user", "content": "Hit or stick?"}])
+        >>> isinstance(reply, str)
+        True
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer: Any,
+        value_head: ValueHead | None = None,
+        *,
+        config: PPOConfig | None = None,
+        lora: Any = None,
+        base_info: dict[str, Any] | None = None,
+    ) -> None:
+        """Wrap a model.
+
+        Args:
+            model: A causal LM; a LoRA adapter is attached unless it is already a PeftModel.
+            tokenizer: Its tokenizer (needs a chat template).
+            value_head: The value head; a new one is created when None.
+            config: Generation and training settings.
+            lora: LoRA settings for :func:`~textgym_agents.models.attach_lora`.
+            base_info: How to reload the base model (name, gguf file, dtype), kept by save().
+        """
+        self.model = model if isinstance(model, PeftModel) else attach_lora(model, lora)
+        self.tokenizer = tokenizer
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        tokenizer.padding_side = "left"
+        parameter = next(self.model.parameters())
+        self.value_head = value_head or ValueHead(hidden_size_of(self.model), dtype=parameter.dtype)
+        self.value_head.to(parameter.device)
+        self.config = config or PPOConfig()
+        # How save() records the base model: given by from_pretrained/load, else the path the
+        # model was loaded from (transformers keeps it in config._name_or_path).
+        name = getattr(getattr(self.model, "config", None), "_name_or_path", None) or None
+        self.base_info = dict(base_info or {"name_or_path": name})
+        self.eos_ids = _eos_ids(tokenizer, self.model)
+        self.model.eval()  # no dropout: PPO's old and new log-probs must match
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        name_or_path: str | None = None,
+        *,
+        gguf_file: str | None = None,
+        dtype: str | torch.dtype | None = None,
+        device: str | torch.device | None = None,
+        lora: Any = None,
+        config: PPOConfig | None = None,
+    ) -> PPOPolicy:
+        """Load a base model (the embedded SmolLM2 by default) and attach a fresh adapter.
+
+        Args:
+            name_or_path: None for the embedded model, a local directory, a Hugging Face id
+                (from the local cache; nothing is downloaded here) or a ``.gguf`` path.
+            gguf_file: GGUF file inside ``name_or_path``.
+            dtype: Model dtype (default float32 on CPU).
+            device: Device (default CUDA when present, else CPU).
+            lora: LoRA settings (a ``peft.LoraConfig`` or a dict of overrides).
+            config: Generation and training settings.
+        """
+        model, tokenizer = load_model(name_or_path, gguf_file=gguf_file, dtype=dtype, device=device)
+        info = {
+            "name_or_path": name_or_path or "embedded",
+            "gguf_file": gguf_file,
+            "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+        }
+        return cls(model, tokenizer, config=config, lora=lora, base_info=info)
+
+    @property
+    def device(self) -> torch.device:
+        """Device of the model."""
+        return next(self.model.parameters()).device
+
+    # --- text in, text out -------------------------------------------------------------------
+
+    def encode(self, messages: Messages) -> list[int]:
+        """Token ids of the chat prompt for ``messages``, ending with the assistant header."""
+        encoded = self.tokenizer.apply_chat_template(
+            list(messages), add_generation_prompt=True, tokenize=True, return_dict=True
+        )
+        return list(encoded["input_ids"])
+
+    @torch.no_grad()
+    def generate(
+        self, batch: Sequence[Messages], *, greedy: bool = False, max_new_tokens: int | None = None
+    ) -> Generation:
+        """Generate one reply per conversation in a single batched call."""
+        prompts = [self.encode(messages) for messages in batch]
+        if not prompts:
+            return Generation([], [], [])
+        width = max(len(p) for p in prompts)
+        pad = self.tokenizer.pad_token_id
+        input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+        attention_mask = torch.zeros_like(input_ids)
+        for row, prompt in enumerate(prompts):
+            input_ids[row, width - len(prompt) :] = torch.tensor(prompt)
+            attention_mask[row, width - len(prompt) :] = 1
+        config = self.config
+        sampling: dict[str, Any] = {"do_sample": False, "top_k": None}
+        if not greedy:
+            sampling = {"do_sample": True, "temperature": config.temperature}
+            sampling.update(top_p=config.top_p, top_k=config.top_k or None)
+        output = self.model.generate(
+            input_ids=input_ids.to(self.device),
+            attention_mask=attention_mask.to(self.device),
+            max_new_tokens=max_new_tokens or config.max_new_tokens,
+            pad_token_id=pad,
+            eos_token_id=sorted(self.eos_ids),
+            use_cache=True,
+            **sampling,
+        )
+        responses = [self._cut_at_eos(row[width:].tolist()) for row in output.cpu()]
+        texts = self.tokenizer.batch_decode(responses, skip_special_tokens=True)
+        return Generation(prompts, responses, texts)
+
+    def act(
+        self, observations: Messages | Sequence[Messages], *, greedy: bool = False
+    ) -> str | list[str]:
+        """Reply to one conversation (returns a str) or to a batch (returns a list of str).
+
+        ``observations`` is what a text env returns: one list of ``{"role", "content"}``
+        messages, or a sequence of them (a vector env's batch).
+        """
+        single = _is_conversation(observations)
+        batch = [observations] if single else list(observations)  # type: ignore[list-item]
+        texts = self.generate(batch, greedy=greedy).texts
+        return texts[0] if single else texts
+
+    def _cut_at_eos(self, tokens: list[int]) -> list[int]:
+        for i, token in enumerate(tokens):
+            if token in self.eos_ids:
+                return tokens[: i + 1]
+        return tokens
+
+    # --- scoring ---------------------------------------------------------------------------
+
+    def score(
+        self,
+        prompts: Sequence[list[int]],
+        responses: Sequence[list[int]],
+        *,
+        values: bool = True,
+        with_entropy: bool = False,
+        adapter: bool = True,
+    ) -> Scores:
+        """Per-token log-probs of ``responses`` given ``prompts`` and the value of each prompt.
+
+        Log-probs use the sampling temperature, so they are those of the distribution that
+        generated the replies. With ``adapter=False`` the base model (the PPO reference) is
+        scored. Gradients flow when called outside ``torch.no_grad()``.
+        """
+        if not adapter:
+            with self.model.disable_adapter():
+                return self.score(prompts, responses, values=False, with_entropy=with_entropy)
+        device, pad = self.device, self.tokenizer.pad_token_id
+        lengths = [len(p) + len(r) for p, r in zip(prompts, responses, strict=True)]
+        width, reply_width = max(lengths), max(len(r) for r in responses)
+        input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+        attention_mask = torch.zeros_like(input_ids)
+        positions = torch.zeros((len(prompts), reply_width), dtype=torch.long)
+        labels = torch.zeros((len(prompts), reply_width), dtype=torch.long)
+        mask = torch.zeros((len(prompts), reply_width))
+        for row, (prompt, response) in enumerate(zip(prompts, responses, strict=True)):
+            # Right padding keeps position ids equal to those of the unpadded sequence.
+            input_ids[row, : lengths[row]] = torch.tensor(prompt + response)
+            attention_mask[row, : lengths[row]] = 1
+            # The logits at position i predict token i + 1.
+            start = len(prompt) - 1
+            positions[row] = torch.arange(start, start + reply_width).clamp(max=width - 1)
+            labels[row, : len(response)] = torch.tensor(response)
+            mask[row, : len(response)] = 1
+        hidden = self._hidden_states(input_ids.to(device), attention_mask.to(device))  # (B, L, H)
+        positions = positions.to(device)
+        reply_hidden = hidden.gather(1, positions[..., None].expand(-1, -1, hidden.shape[-1]))
+        logits = self._lm_head()(reply_hidden).float()  # (B, T, V)
+        temperature = self.config.temperature
+        logps = logprobs_from_logits(logits, labels.to(device), temperature=temperature)
+        value = None
+        if values:
+            value = self.value_head(hidden[torch.arange(len(prompts)), positions[:, 0]]).float()
+        ent = entropy(logits, temperature=temperature) if with_entropy else None
+        return Scores(logps=logps, mask=mask.to(device), values=value, entropy=ent)
+
+    def prompt_values(self, prompts: Sequence[list[int]]) -> torch.Tensor:
+        """Value of each prompt (no reply), for bootstrapping."""
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), width), self.tokenizer.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros_like(input_ids)
+        for row, prompt in enumerate(prompts):
+            input_ids[row, : len(prompt)] = torch.tensor(prompt)
+            attention_mask[row, : len(prompt)] = 1
+        hidden = self._hidden_states(input_ids.to(self.device), attention_mask.to(self.device))
+        last = torch.tensor([len(p) - 1 for p in prompts], device=self.device)
+        return self.value_head(hidden[torch.arange(len(prompts)), last]).float()
+
+    def _causal_lm(self) -> nn.Module:
+        return self.model.get_base_model()
+
+    def _lm_head(self) -> nn.Module:
+        return self._causal_lm().get_output_embeddings()
+
+    def _hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        # The decoder alone: logits are computed for reply positions only, not the whole
+        # sequence, which saves a (B, L, vocab) tensor per forward.
+        lm = self._causal_lm()
+        decoder = getattr(lm, lm.base_model_prefix)
+        output = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        return output.last_hidden_state
+
+    def trainable_parameters(self) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
+        """(LoRA parameters, value-head parameters)."""
+        lora = [p for p in self.model.parameters() if p.requires_grad]
+        return lora, list(self.value_head.parameters())
+
+    # --- training ----------------------------------------------------------------------------
+
+    def learn(self, envs: Any, total_episodes: int, **kwargs: Any) -> dict[str, float]:
+        """Train by PPO on a text env (vector or single) until ``total_episodes`` episodes end.
+
+        Keyword arguments go to :meth:`textgym_agents.ppo.trainer.PPOTrainer.train`
+        (``output_dir``, ``resume_from``, ``callback``). Returns the last update's metrics.
+        """
+        from textgym_agents.ppo.trainer import PPOTrainer
+
+        trainer = PPOTrainer(self, envs, output_dir=kwargs.pop("output_dir", None))
+        return trainer.train(total_episodes=total_episodes, **kwargs)
+
+    # --- persistence -------------------------------------------------------------------------
+
+    def save(self, path: str | Path) -> Path:
+        """Write the adapter (peft format), the value head and the config, atomically."""
+        path = Path(path)
+        with atomic_directory(path) as tmp:
+            self.save_files(tmp)
+        return path
+
+    def save_files(self, directory: Path) -> None:
+        """Write the policy files into an existing directory (used inside checkpoints)."""
+        if not self.base_info.get("name_or_path"):
+            raise ValueError(
+                "The base model has no name or path to reload it from; save it first "
+                "(model.save_pretrained(dir)) and build the policy with "
+                "PPOPolicy.from_pretrained(dir)"
+            )
+        self.model.save_pretrained(directory / ADAPTER_DIR)
+        save_tensors(directory / VALUE_HEAD_FILE, dict(self.value_head.state_dict()))
+        info = {"base": self.base_info, "config": self.config.to_dict(), "format": 1}
+        atomic_write_json(directory / POLICY_FILE, info)
+
+    @classmethod
+    def load(
+        cls,
+        path: str | Path,
+        *,
+        device: str | torch.device | None = None,
+        dtype: str | torch.dtype | None = None,
+    ) -> PPOPolicy:
+        """Load a policy written by :meth:`save` (or a checkpoint directory)."""
+        path = Path(path)
+        if not (path / POLICY_FILE).is_file():
+            raise FileNotFoundError(f"{path} is not a saved policy: {POLICY_FILE} is missing")
+        info = json.loads((path / POLICY_FILE).read_text())
+        base = info.get("base", {})
+        model, tokenizer = load_model(
+            base.get("name_or_path"),
+            gguf_file=base.get("gguf_file"),
+            dtype=dtype or base.get("dtype"),
+            device=device,
+        )
+        peft_model = PeftModel.from_pretrained(model, path / ADAPTER_DIR, is_trainable=True)
+        parameter = next(peft_model.parameters())
+        value_head = ValueHead(hidden_size_of(peft_model), dtype=parameter.dtype)
+        value_head.load_state_dict(load_tensors(path / VALUE_HEAD_FILE))
+        config = PPOConfig.from_dict(info.get("config", {}))
+        return cls(peft_model, tokenizer, value_head, config=config, base_info=base)
+
+
+def _is_conversation(value: Any) -> bool:
+    return isinstance(value, Sequence) and len(value) > 0 and isinstance(value[0], dict)
+
+
+def _eos_ids(tokenizer: Any, model: nn.Module) -> set[int]:
+    ids = {tokenizer.eos_token_id}
+    generation_config = getattr(model, "generation_config", None)
+    extra = getattr(generation_config, "eos_token_id", None)
+    if isinstance(extra, int):
+        ids.add(extra)
+    elif isinstance(extra, list):
+        ids.update(extra)
+    return {i for i in ids if i is not None}

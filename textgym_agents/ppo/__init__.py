@@ -1,0 +1,1 @@
+"""PPO for multi-turn text agents: config, math, rollout buffer, trainer."""

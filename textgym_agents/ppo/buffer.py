@@ -1,0 +1,104 @@
+"""Per-turn records of a rollout, grouped into per-env streams for turn-level GAE.
+
+A :class:`Turn` is one model reply: what the model saw (prompt ids), what it wrote (response
+ids) and what the env paid. Scoring fills in log-probs and values; GAE fills in advantages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+__all__ = ["RolloutBuffer", "Turn"]
+
+
+@dataclass
+class Turn:
+    """One model reply and its outcome.
+
+    Attributes:
+        prompt_ids: Token ids of the chat prompt the model saw (generation prompt included).
+        response_ids: Token ids of the reply (EOS included when the model emitted it).
+        reward: Env reward of the step (invalid-reply penalty included).
+        terminated: The episode ended in a terminal state after this turn.
+        truncated: The episode was cut after this turn (time limit, invalid replies).
+        invalid: The env could not parse the reply.
+        bootstrap_ids: Prompt ids of the state after this turn when its value is needed for
+            bootstrapping: a truncated turn, or the last turn of a stream whose episode is
+            still running when the rollout ends.
+    """
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    reward: float
+    terminated: bool = False
+    truncated: bool = False
+    invalid: bool = False
+    bootstrap_ids: list[int] | None = None
+    # Filled by scoring: per-token log-probs (T,) under the rollout policy and the reference,
+    # the value of the prompt and, for bootstrapped turns, the value of bootstrap_ids.
+    old_logps: torch.Tensor | None = None
+    ref_logps: torch.Tensor | None = None
+    value: float = 0.0
+    bootstrap_value: float = 0.0
+    # Filled by GAE.
+    advantage: float = 0.0
+    returns: float = 0.0
+    kl: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.response_ids:
+            raise ValueError("A turn needs at least one response token")
+        if not self.prompt_ids:
+            raise ValueError("A turn needs at least one prompt token")
+
+    @property
+    def done(self) -> bool:
+        """The episode ended (either way) after this turn."""
+        return self.terminated or self.truncated
+
+
+@dataclass
+class RolloutBuffer:
+    """Turns of one rollout, kept per stream (one stream per env) in time order.
+
+    Example:
+        >>> buffer = RolloutBuffer()
+        >>> buffer.add(0, Turn([1, 2], [3], reward=1.0, terminated=True))
+        >>> buffer.add(1, Turn([1, 2], [4, 5], reward=0.0))
+        >>> len(buffer), buffer.num_tokens
+        (2, 3)
+    """
+
+    streams: dict[int, list[Turn]] = field(default_factory=dict)
+
+    def add(self, stream: int, turn: Turn) -> None:
+        """Append a turn to a stream."""
+        self.streams.setdefault(stream, []).append(turn)
+
+    def set_bootstrap(self, stream: int, prompt_ids: list[int]) -> None:
+        """Mark the stream's last turn as unfinished: bootstrap from ``prompt_ids``."""
+        turns = self.streams.get(stream)
+        if turns and not turns[-1].done:
+            turns[-1].bootstrap_ids = list(prompt_ids)
+
+    def turns(self) -> list[Turn]:
+        """All turns, stream by stream, each stream in time order."""
+        return [turn for stream in sorted(self.streams) for turn in self.streams[stream]]
+
+    def __iter__(self) -> Iterator[Turn]:
+        return iter(self.turns())
+
+    def __len__(self) -> int:
+        return sum(len(turns) for turns in self.streams.values())
+
+    @property
+    def num_tokens(self) -> int:
+        """Response tokens in the buffer."""
+        return sum(len(t.response_ids) for t in self)
+
+    def clear(self) -> None:
+        """Drop every turn (the buffer holds one rollout at a time)."""
+        self.streams.clear()

@@ -1,0 +1,160 @@
+"""``PPOConfig``: every setting of generation, rollout, the PPO update and run outputs.
+
+Each field carries help text (``field(metadata={"help": ...})``) so a CLI or a config file can
+set and explain it; ``__post_init__`` rejects bad values with a message that names the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["PPOConfig"]
+
+
+def _help(default: Any, text: str) -> Any:
+    if isinstance(default, list | dict):
+        return field(default_factory=lambda: default, metadata={"help": text})
+    return field(default=default, metadata={"help": text})
+
+
+@dataclass
+class PPOConfig:
+    """Settings of :class:`~textgym_agents.PPOPolicy` training.
+
+    Example:
+        >>> config = PPOConfig(num_steps=4, learning_rate=5e-5)
+        >>> config.clip_range
+        0.2
+        >>> PPOConfig(clip_range=-1.0)
+        Traceback (most recent call last):
+        ...
+        ValueError: clip_range must be > 0, got -1.0
+    """
+
+    # --- generation -------------------------------------------------------------------------
+    max_new_tokens: int = _help(24, "Longest reply in tokens; generation also stops at EOS.")
+    temperature: float = _help(1.0, "Sampling temperature; log-probs use the same scaling.")
+    top_k: int = _help(0, "Sample from the k most likely tokens (0 = no limit).")
+    top_p: float = _help(1.0, "Nucleus sampling threshold (1.0 = no limit).")
+    # --- rollout ----------------------------------------------------------------------------
+    num_steps: int = _help(
+        8, "Env steps per env per update; a batch is num_envs * num_steps turns."
+    )
+    gamma: float = _help(1.0, "Discount between turns.")
+    lam: float = _help(0.95, "GAE lambda.")
+    # --- PPO update -------------------------------------------------------------------------
+    learning_rate: float = _help(2e-4, "AdamW learning rate of the LoRA weights.")
+    value_learning_rate: float = _help(1e-3, "AdamW learning rate of the value head.")
+    weight_decay: float = _help(0.0, "AdamW weight decay.")
+    num_epochs: int = _help(2, "Passes over each batch.")
+    minibatch_size: int = _help(32, "Turns per optimizer step.")
+    micro_batch_size: int = _help(8, "Turns per forward pass (gradient accumulation).")
+    clip_range: float = _help(0.2, "PPO ratio clipping epsilon.")
+    clip_range_value: float | None = _help(0.2, "Value clipping around old values (None: off).")
+    vf_coef: float = _help(0.5, "Weight of the value loss.")
+    ent_coef: float = _help(0.0, "Weight of the entropy bonus.")
+    max_grad_norm: float = _help(1.0, "Gradient clipping norm.")
+    whiten_advantages: bool = _help(True, "Normalise advantages over the batch.")
+    target_kl: float | None = _help(None, "Stop the epochs of an update past this approx. KL.")
+    # --- KL penalty to the reference (the base model with the adapter disabled) --------------
+    kl_coef: float = _help(0.02, "Initial beta of the per-turn KL penalty (0 disables it).")
+    adaptive_kl: bool = _help(False, "Adapt beta toward kl_target (Ziegler et al. 2019).")
+    kl_target: float = _help(1.0, "Target KL per turn for the adaptive controller.")
+    kl_horizon: int = _help(10000, "Horizon (turns) of the adaptive KL controller.")
+    kl_estimator: str = _help("k1", "Per-token KL estimator: k1, k3, abs or mse.")
+    # --- run ----------------------------------------------------------------------------------
+    seed: int = _help(0, "Seed of torch, numpy and the envs.")
+    save_every: int = _help(10, "Write a checkpoint every N updates (0: only at the end).")
+    keep_checkpoints: int = _help(3, "Checkpoints kept on disk.")
+    report_to: list[str] = _help(["jsonl"], "Metric sinks: jsonl, tensorboard, wandb.")
+    progress: bool = _help(True, "Show a progress bar.")
+
+    def __post_init__(self) -> None:
+        positive_ints = ["max_new_tokens", "num_steps", "num_epochs", "minibatch_size"]
+        positive_ints += ["micro_batch_size", "kl_horizon", "keep_checkpoints"]
+        for name in positive_ints:
+            _check(
+                self,
+                name,
+                isinstance(getattr(self, name), int) and getattr(self, name) >= 1,
+                "an int >= 1",
+            )
+        for name in ["temperature", "learning_rate", "clip_range", "max_grad_norm", "kl_target"]:
+            _check(self, name, _number(getattr(self, name)) and getattr(self, name) > 0, "> 0")
+        for name in ["value_learning_rate", "weight_decay", "vf_coef", "ent_coef", "kl_coef"]:
+            _check(self, name, _number(getattr(self, name)) and getattr(self, name) >= 0, ">= 0")
+        for name in ["gamma", "lam"]:
+            _check(
+                self,
+                name,
+                _number(getattr(self, name)) and 0 <= getattr(self, name) <= 1,
+                "in [0, 1]",
+            )
+        _check(self, "top_p", _number(self.top_p) and 0 < self.top_p <= 1, "in (0, 1]")
+        _check(self, "top_k", isinstance(self.top_k, int) and self.top_k >= 0, "an int >= 0")
+        _check(
+            self,
+            "save_every",
+            isinstance(self.save_every, int) and self.save_every >= 0,
+            "an int >= 0",
+        )
+        for name in ["clip_range_value", "target_kl"]:
+            value = getattr(self, name)
+            _check(self, name, value is None or (_number(value) and value > 0), "> 0 or None")
+        estimators = ("k1", "k3", "abs", "mse")
+        _check(self, "kl_estimator", self.kl_estimator in estimators, f"one of {estimators}")
+        sinks = ("jsonl", "tensorboard", "wandb")
+        if isinstance(self.report_to, str):
+            self.report_to = [self.report_to]
+        _check(self, "report_to", all(s in sinks for s in self.report_to), f"a list of {sinks}")
+        if self.micro_batch_size > self.minibatch_size:
+            raise ValueError(
+                f"micro_batch_size ({self.micro_batch_size}) must be <= minibatch_size "
+                f"({self.minibatch_size}); lower micro_batch_size or raise minibatch_size"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the settings as a JSON-ready dict."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> PPOConfig:
+        """Build a config from a dict, rejecting unknown keys with the close matches.
+
+        Example:
+            >>> PPOConfig.from_dict({"learning_rte": 1e-4})
+            Traceback (most recent call last):
+            ...
+            ValueError: Unknown PPOConfig field 'learning_rte'; did you mean 'learning_rate'?
+        """
+        import difflib
+
+        names = {f.name for f in dataclasses.fields(cls)}
+        for key in values:
+            if key not in names:
+                close = difflib.get_close_matches(key, sorted(names), n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise ValueError(f"Unknown PPOConfig field {key!r}{hint}")
+        return cls(**dict(values))
+
+    def to_json(self) -> str:
+        """Serialise to JSON."""
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @staticmethod
+    def help() -> dict[str, str]:
+        """Return the help text of every field."""
+        return {f.name: f.metadata.get("help", "") for f in dataclasses.fields(PPOConfig)}
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value == value
+
+
+def _check(config: PPOConfig, name: str, ok: bool, expected: str) -> None:
+    if not ok:
+        raise ValueError(f"{name} must be {expected}, got {getattr(config, name)!r}")

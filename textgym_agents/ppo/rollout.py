@@ -1,0 +1,147 @@
+"""Batched rollouts: one generation call per step for all envs of a vector env.
+
+Handles Gymnasium's autoreset modes (``NEXT_STEP``: the step after an episode ends only resets
+that env, so nothing is generated for it; ``SAME_STEP``: the final observation is in
+``info["final_obs"]``) and keeps per-episode statistics.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector import AutoresetMode, VectorEnv
+
+from textgym_agents.ppo.buffer import RolloutBuffer, Turn
+
+__all__ = ["EpisodeStats", "RolloutCollector", "as_vector_env"]
+
+
+def as_vector_env(env: gym.Env[Any, Any] | VectorEnv) -> VectorEnv:
+    """Return ``env`` if it is a vector env, else a one-env ``SyncVectorEnv`` around it."""
+    if isinstance(env, VectorEnv):
+        return env
+    if isinstance(env, gym.Env):
+        return gym.vector.SyncVectorEnv([lambda: env])
+    raise TypeError(f"Expected a gymnasium Env or VectorEnv, got {type(env).__name__}")
+
+
+@dataclass
+class EpisodeStats:
+    """One finished episode."""
+
+    episode_return: float
+    length: int
+    invalid: int
+    success: bool | None
+    stream: int = 0
+
+
+def _info_at(infos: dict[str, Any], key: str, index: int) -> Any:
+    if key in infos and infos.get(f"_{key}", np.ones(index + 1, bool))[index]:
+        return infos[key][index]
+    return None
+
+
+class RolloutCollector:
+    """Steps a vector env with a policy and records turns into a :class:`RolloutBuffer`."""
+
+    def __init__(self, envs: VectorEnv, seed: int, max_episode_history: int = 10_000) -> None:
+        """Create the collector; the envs are reset with ``seed`` on the first rollout."""
+        self.envs = envs
+        self.seed = seed
+        mode = envs.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP)
+        self.mode = AutoresetMode(mode) if isinstance(mode, str) else mode
+        if self.mode == AutoresetMode.DISABLED:
+            raise ValueError(
+                "Vector envs with autoreset_mode=DISABLED are not supported; use NEXT_STEP "
+                "(Gymnasium's default) or SAME_STEP"
+            )
+        n = envs.num_envs
+        self.observations: tuple[Any, ...] | None = None
+        self.resetting = np.zeros(n, dtype=bool)  # NEXT_STEP: this env's next step is a reset
+        self.returns = np.zeros(n)
+        self.lengths = np.zeros(n, dtype=int)
+        self.invalid = np.zeros(n, dtype=int)
+        # Bounded so a long run's memory stays flat; the trainer drains it every update.
+        self.finished: deque[EpisodeStats] = deque(maxlen=max_episode_history)
+        self.turns = self.invalid_turns = 0
+
+    def reset(self, seed: int | None = None) -> None:
+        """Start fresh episodes in every env."""
+        observations, _ = self.envs.reset(seed=self.seed if seed is None else seed)
+        self.observations = tuple(observations)
+        self.resetting[:] = False
+        self.returns[:] = 0
+        self.lengths[:] = 0
+        self.invalid[:] = 0
+
+    def collect(self, policy: Any, num_steps: int, buffer: RolloutBuffer) -> None:
+        """Run ``num_steps`` env steps that have a model turn, adding each turn to ``buffer``."""
+        if self.observations is None:
+            self.reset()
+        steps = 0
+        while steps < num_steps:
+            active = [i for i in range(self.envs.num_envs) if not self.resetting[i]]
+            # A step in which every env only resets generates nothing and does not count.
+            steps += bool(active)
+            generation = policy.generate([self.observations[i] for i in active])
+            actions = [""] * self.envs.num_envs  # ignored by envs that are resetting
+            for k, i in enumerate(active):
+                actions[i] = generation.texts[k]
+            observations, rewards, terminations, truncations, infos = self.envs.step(actions)
+            observations = tuple(observations)
+            for k, i in enumerate(active):
+                turn = Turn(
+                    prompt_ids=generation.prompt_ids[k],
+                    response_ids=generation.response_ids[k],
+                    reward=float(rewards[i]),
+                    terminated=bool(terminations[i]),
+                    truncated=bool(truncations[i]) and not bool(terminations[i]),
+                    invalid=bool(_info_at(infos, "invalid", i) or False),
+                )
+                if turn.truncated:
+                    final = observations[i]
+                    if self.mode == AutoresetMode.SAME_STEP:
+                        final = _info_at(infos, "final_obs", i)
+                    turn.bootstrap_ids = policy.encode(final)
+                buffer.add(i, turn)
+                self._track(i, turn, infos)
+            if self.mode == AutoresetMode.NEXT_STEP:
+                self.resetting = np.logical_or(terminations, truncations)
+            self.observations = observations
+        for i in range(self.envs.num_envs):
+            if not self.resetting[i]:
+                buffer.set_bootstrap(i, policy.encode(self.observations[i]))
+
+    def _track(self, i: int, turn: Turn, infos: dict[str, Any]) -> None:
+        self.turns += 1
+        self.invalid_turns += int(turn.invalid)
+        self.returns[i] += turn.reward
+        self.lengths[i] += 1
+        self.invalid[i] += int(turn.invalid)
+        if turn.done:
+            info_key = "final_info" if self.mode == AutoresetMode.SAME_STEP else None
+            source = infos.get(info_key, infos) if info_key else infos
+            success = _info_at(source, "is_success", i)
+            self.finished.append(
+                EpisodeStats(
+                    float(self.returns[i]),
+                    int(self.lengths[i]),
+                    int(self.invalid[i]),
+                    None if success is None else bool(success),
+                    stream=i,
+                )
+            )
+            self.returns[i] = 0
+            self.lengths[i] = 0
+            self.invalid[i] = 0
+
+    def drain(self) -> list[EpisodeStats]:
+        """Return and forget the episodes finished since the last call."""
+        finished = list(self.finished)
+        self.finished.clear()
+        return finished

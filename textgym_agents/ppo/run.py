@@ -1,0 +1,171 @@
+"""A training run on disk: progress bar, metrics JSONL, checkpoints, resume, final plot.
+
+Layout of ``output_dir``::
+
+    config.json          PPOConfig and base model of the run
+    metrics.jsonl        one line of metrics per update
+    checkpoints/step_N/  policy (peft adapter + value head) + optimizer + RNG + trainer state
+    final/               the trained policy (PPOPolicy.load(output_dir / "final"))
+    learning_curve.png   return and invalid-reply rate over the run
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from peft import set_peft_model_state_dict
+from peft.utils import load_peft_weights
+from tqdm.auto import tqdm
+
+from textgym_agents.checkpoint import (
+    atomic_write_json,
+    latest_checkpoint,
+    load_checkpoint,
+    load_tensors,
+    optimizer_state_from_files,
+    optimizer_state_to_files,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
+from textgym_agents.tracking import MetricsLogger, plot_learning_curves
+
+__all__ = ["TrainingRun", "find_checkpoint"]
+
+logger = logging.getLogger(__name__)
+
+
+def find_checkpoint(path: str | Path) -> Path:
+    """Return the checkpoint directory for a run directory (its latest) or a checkpoint path."""
+    path = Path(path)
+    if (path / "trainer_state.json").is_file():
+        return path
+    found = latest_checkpoint(path)
+    if found is None:
+        raise FileNotFoundError(f"No checkpoint found in {path}")
+    return found
+
+
+class TrainingRun:
+    """Drives a :class:`~textgym_agents.ppo.trainer.PPOTrainer` and writes its run directory."""
+
+    def __init__(self, trainer: Any) -> None:
+        """Attach to a trainer (its ``output_dir`` decides whether files are written)."""
+        self.trainer = trainer
+        self.output_dir: Path | None = trainer.output_dir
+
+    def run(
+        self,
+        total_episodes: int,
+        *,
+        resume_from: str | Path | None = None,
+        callback: Callable[[dict[str, float]], Any] | None = None,
+    ) -> dict[str, float]:
+        """Train until ``total_episodes`` episodes have finished (counting resumed ones)."""
+        trainer, config = self.trainer, self.trainer.config
+        if not (isinstance(total_episodes, int) and total_episodes >= 1):
+            raise ValueError(f"total_episodes must be an int >= 1, got {total_episodes!r}")
+        if resume_from is not None:
+            self.resume(resume_from)
+        else:
+            torch.manual_seed(config.seed)
+        metrics_logger = None
+        if self.output_dir is not None:
+            self.output_dir.mkdir(parents=True, exist_ok=True)
+            logger.info("Writing the run to %s", self.output_dir)
+            atomic_write_json(
+                self.output_dir / "config.json",
+                {"ppo": config.to_dict(), "base": trainer.policy.base_info},
+            )
+            metrics_logger = MetricsLogger(self.output_dir, report_to=config.report_to)
+            if resume_from is not None:
+                metrics_logger.truncate_after(trainer.update_step)
+        bar = tqdm(
+            total=total_episodes,
+            initial=min(trainer.episodes, total_episodes),
+            unit="ep",
+            disable=not config.progress,
+            dynamic_ncols=True,
+        )
+        metrics: dict[str, float] = {}
+        try:
+            while trainer.episodes < total_episodes:
+                before = trainer.episodes
+                metrics = trainer.step()
+                if metrics_logger is not None:
+                    metrics_logger.log(metrics, step=trainer.update_step)
+                bar.update(min(trainer.episodes, total_episodes) - min(before, total_episodes))
+                bar.set_postfix(_postfix(metrics), refresh=False)
+                if callback is not None and callback(metrics) is False:
+                    break
+                every = config.save_every
+                if self.output_dir is not None and every and trainer.update_step % every == 0:
+                    self.checkpoint()
+        finally:
+            bar.close()
+            if metrics_logger is not None:
+                metrics_logger.close()
+        if self.output_dir is not None:
+            self.checkpoint()
+            trainer.policy.save(self.output_dir / "final")
+            plot_learning_curves([self.output_dir], self.output_dir / "learning_curve.png")
+        return metrics
+
+    def checkpoint(self) -> Path:
+        """Write a checkpoint of the policy, optimizer, RNG and trainer state."""
+        trainer = self.trainer
+        if self.output_dir is None:
+            raise ValueError("The trainer has no output_dir to write checkpoints to")
+        optimizer_tensors, optimizer_meta = optimizer_state_to_files(trainer.optimizer.state_dict())
+        rng_tensors, rng_meta = rng_state()
+        state = {
+            "update_step": trainer.update_step,
+            "episodes": trainer.episodes,
+            "turns": trainer.turns,
+            "kl_coef": float(trainer.kl_ctl.value),
+            "numpy_rng": trainer.rng.bit_generator.state,
+        }
+        return save_checkpoint(
+            self.output_dir,
+            trainer.update_step,
+            tensors={"optimizer": optimizer_tensors, "rng": rng_tensors},
+            json_files={"trainer_state": state, "optimizer": optimizer_meta, "rng": rng_meta},
+            keep=trainer.config.keep_checkpoints,
+            extra=trainer.policy.save_files,
+        )
+
+    def resume(self, path: str | Path) -> None:
+        """Restore policy weights, optimizer, RNG and counters from a checkpoint."""
+        trainer, policy = self.trainer, self.trainer.policy
+        checkpoint = find_checkpoint(path)
+        tensors, files = load_checkpoint(checkpoint)
+        adapter = load_peft_weights(str(checkpoint / "adapter"), device=str(policy.device))
+        set_peft_model_state_dict(policy.model, adapter)
+        policy.value_head.load_state_dict(load_tensors(checkpoint / "value_head.safetensors"))
+        trainer.optimizer.load_state_dict(
+            optimizer_state_from_files(tensors["optimizer"], files["optimizer"])
+        )
+        set_rng_state(tensors["rng"], files["rng"])
+        state = files["trainer_state"]
+        trainer.update_step = int(state["update_step"])
+        trainer.episodes = int(state["episodes"])
+        trainer.turns = int(state["turns"])
+        trainer.kl_ctl.value = float(state["kl_coef"])
+        trainer.rng.bit_generator.state = state["numpy_rng"]
+        if trainer.collector is not None:
+            # Env states cannot be saved; resumed runs start fresh episodes, seeded by step.
+            trainer.collector.reset(seed=trainer.config.seed + 1000 * trainer.update_step)
+        logger.info("Resumed from %s at update %d", checkpoint, trainer.update_step)
+
+
+def _postfix(metrics: dict[str, float]) -> dict[str, str]:
+    postfix = {}
+    if "env/return_mean" in metrics:
+        postfix["return"] = f"{metrics['env/return_mean']:.3f}"
+    postfix["invalid"] = f"{metrics.get('env/invalid_rate', 0.0):.1%}"
+    postfix["turns/s"] = f"{metrics.get('throughput/turns_per_s', 0.0):.1f}"
+    return postfix

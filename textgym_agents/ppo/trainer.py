@@ -1,0 +1,311 @@
+"""``PPOTrainer``: rollout → scoring → turn-level GAE → epochs × minibatches → log.
+
+Usable whole (:meth:`PPOTrainer.train`) or step by step: :meth:`collect` fills a buffer from
+the envs, and :meth:`update` trains on any buffer, including one a user filled by hand.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from textgym_agents.ppo import core
+from textgym_agents.ppo.buffer import RolloutBuffer, Turn
+from textgym_agents.ppo.rollout import EpisodeStats, RolloutCollector, as_vector_env
+
+__all__ = ["PPOTrainer"]
+
+logger = logging.getLogger(__name__)
+
+
+class PPOTrainer:
+    """Trains a :class:`~textgym_agents.PPOPolicy` by PPO on a text env.
+
+    Example:
+        >>> import gymnasium as gym, textgym
+        >>> from textgym_agents import PPOConfig, PPOPolicy
+        >>> from textgym_agents.testing import tiny_model
+        >>> policy = PPOPolicy(*tiny_model(), config=PPOConfig(num_steps=2, max_new_tokens=4))
+        >>> trainer = PPOTrainer(policy, gym.make_vec("textgym/Blackjack-v1", num_envs=2))
+        >>> buffer = trainer.collect()
+        >>> metrics = trainer.update(buffer)
+        >>> math.isfinite(metrics["loss/policy"])
+        True
+    """
+
+    def __init__(
+        self, policy: Any, envs: Any = None, *, output_dir: str | Path | None = None
+    ) -> None:
+        """Create the trainer.
+
+        Args:
+            policy: The :class:`~textgym_agents.PPOPolicy` to train (its config is used).
+            envs: A text env or vector env; None when every buffer is filled by hand.
+            output_dir: Run directory for metrics, checkpoints and plots (None: no files).
+        """
+        self.policy = policy
+        self.config = config = policy.config
+        self.envs = as_vector_env(envs) if envs is not None else None
+        self.collector = RolloutCollector(self.envs, config.seed) if self.envs is not None else None
+        lora_params, head_params = policy.trainable_parameters()
+        self.optimizer = torch.optim.AdamW(
+            [
+                {"params": lora_params, "lr": config.learning_rate},
+                {"params": head_params, "lr": config.value_learning_rate},
+            ],
+            weight_decay=config.weight_decay,
+        )
+        if config.adaptive_kl:
+            self.kl_ctl = core.AdaptiveKLController(
+                config.kl_coef, config.kl_target, config.kl_horizon
+            )
+        else:
+            self.kl_ctl = core.FixedKLController(config.kl_coef)
+        self.rng = np.random.default_rng(config.seed)
+        self.output_dir = Path(output_dir) if output_dir is not None else None
+        self.update_step = 0
+        self.episodes = 0
+        self.turns = 0
+
+    # --- rollout -----------------------------------------------------------------------------
+
+    def collect(self, buffer: RolloutBuffer | None = None) -> RolloutBuffer:
+        """Run ``config.num_steps`` steps of every env and return the filled buffer."""
+        if self.collector is None:
+            raise ValueError("This trainer has no envs; fill a RolloutBuffer and call update()")
+        buffer = buffer if buffer is not None else RolloutBuffer()
+        self.collector.collect(self.policy, self.config.num_steps, buffer)
+        return buffer
+
+    # --- update ------------------------------------------------------------------------------
+
+    def update(
+        self, buffer: RolloutBuffer, episodes: list[EpisodeStats] | None = None
+    ) -> dict[str, float]:
+        """Score the buffer, compute advantages and run the PPO epochs; return metrics."""
+        turns = buffer.turns()
+        if not turns:
+            raise ValueError("The rollout buffer is empty")
+        start = time.perf_counter()
+        first_order = self.rng.permutation(len(turns))
+        self._score(turns, first_order)
+        self._advantages(buffer)
+        score_s = time.perf_counter() - start
+        start = time.perf_counter()
+        stats = self._optimise(turns, first_order)
+        update_s = time.perf_counter() - start
+
+        mean_kl = float(np.mean([t.kl for t in turns]))
+        self.kl_ctl.update(mean_kl, len(turns))
+        self.update_step += 1
+        self.turns += len(turns)
+        values = torch.tensor([t.value for t in turns])
+        returns = torch.tensor([t.returns for t in turns])
+        metrics = {
+            "train/update": self.update_step,
+            "env/turns": self.turns,
+            "env/invalid_rate": float(np.mean([t.invalid for t in turns])),
+            "env/reward_mean": float(np.mean([t.reward for t in turns])),
+            "reply/tokens_mean": float(np.mean([len(t.response_ids) for t in turns])),
+            "objective/kl": mean_kl,
+            "objective/kl_coef": float(self.kl_ctl.value),
+            "value/mean": float(values.mean()),
+            "value/explained_var": float(core.explained_variance(values, returns)),
+            "time/score_s": score_s,
+            "time/update_s": update_s,
+            **stats,
+        }
+        metrics.update(self._episode_metrics(episodes or []))
+        buffer.clear()
+        return metrics
+
+    def _batches(self, order: np.ndarray, turns: list[Turn]) -> Iterator[list[list[int]]]:
+        """Minibatches of turn indices, each split into micro-batches of similar length.
+
+        Sorting within a minibatch cuts padding without changing its gradient. The same order
+        gives the same layout, so scoring and the first epoch see identical forward passes.
+        """
+        config = self.config
+        for start in range(0, len(order), config.minibatch_size):
+            chunk = order[start : start + config.minibatch_size].tolist()
+            chunk.sort(key=lambda i: -(len(turns[i].prompt_ids) + len(turns[i].response_ids)))
+            yield [
+                chunk[j : j + config.micro_batch_size]
+                for j in range(0, len(chunk), config.micro_batch_size)
+            ]
+
+    @torch.no_grad()
+    def _score(self, turns: list[Turn], order: np.ndarray) -> None:
+        policy = self.policy
+        for minibatch in self._batches(order, turns):
+            for micro in minibatch:
+                prompts = [turns[i].prompt_ids for i in micro]
+                responses = [turns[i].response_ids for i in micro]
+                scores = policy.score(prompts, responses, values=True)
+                ref = policy.score(prompts, responses, adapter=False)
+                for row, i in enumerate(micro):
+                    n = len(turns[i].response_ids)
+                    turns[i].old_logps = scores.logps[row, :n].cpu()
+                    turns[i].ref_logps = ref.logps[row, :n].cpu()
+                    turns[i].value = float(scores.values[row])
+        pending = [t for t in turns if t.bootstrap_ids is not None]
+        size = self.config.micro_batch_size
+        for start in range(0, len(pending), size):
+            chunk = pending[start : start + size]
+            values = policy.prompt_values([t.bootstrap_ids for t in chunk])
+            for turn, value in zip(chunk, values.tolist(), strict=True):
+                turn.bootstrap_value = value
+
+    def _advantages(self, buffer: RolloutBuffer) -> None:
+        config, beta = self.config, float(self.kl_ctl.value)
+        for turns in buffer.streams.values():
+            for turn in turns:
+                per_token = core.kl_penalty(turn.old_logps, turn.ref_logps, config.kl_estimator)
+                turn.kl = float(per_token.sum())
+            rewards = torch.tensor([t.reward - beta * t.kl for t in turns])
+            values = torch.tensor([t.value for t in turns])
+            next_values = torch.tensor(
+                [
+                    turns[k + 1].value if k + 1 < len(turns) and not t.done else t.bootstrap_value
+                    for k, t in enumerate(turns)
+                ]
+            )
+            terminated = torch.tensor([t.terminated for t in turns])
+            truncated = torch.tensor([t.truncated for t in turns])
+            advantages, returns = core.compute_gae(
+                rewards, values, next_values, terminated, truncated, config.gamma, config.lam
+            )
+            for turn, advantage, ret in zip(
+                turns, advantages.tolist(), returns.tolist(), strict=True
+            ):
+                turn.advantage, turn.returns = advantage, ret
+        all_turns = buffer.turns()
+        if config.whiten_advantages and len(all_turns) > 1:
+            advantages = torch.tensor([t.advantage for t in all_turns])
+            whitened = core.masked_whiten(advantages, torch.ones_like(advantages))
+            for turn, advantage in zip(all_turns, whitened.tolist(), strict=True):
+                turn.advantage = advantage
+
+    def _optimise(self, turns: list[Turn], first_order: np.ndarray) -> dict[str, float]:
+        config = self.config
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        sums: dict[str, float] = {}
+        count = 0
+        stop = False
+        for epoch in range(config.num_epochs):
+            order = first_order if epoch == 0 else self.rng.permutation(len(turns))
+            for minibatch in self._batches(order, turns):
+                self.optimizer.zero_grad(set_to_none=True)
+                tokens = sum(len(turns[i].response_ids) for micro in minibatch for i in micro)
+                size = sum(len(micro) for micro in minibatch)
+                step_stats: dict[str, float] = {}
+                for micro in minibatch:
+                    micro_stats = self._micro_step([turns[i] for i in micro], tokens, size)
+                    for key, value in micro_stats.items():
+                        step_stats[key] = step_stats.get(key, 0.0) + value
+                grad_norm = torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
+                step_stats["policy/grad_norm"] = float(grad_norm)
+                if not math.isfinite(step_stats["policy/grad_norm"]):
+                    logger.warning("Non-finite gradient norm; skipping this optimizer step")
+                    self.optimizer.zero_grad(set_to_none=True)
+                else:
+                    self.optimizer.step()
+                for key, value in step_stats.items():
+                    sums[key] = sums.get(key, 0.0) + value
+                count += 1
+                if (
+                    config.target_kl is not None
+                    and step_stats["policy/approx_kl"] > config.target_kl
+                ):
+                    stop = True
+                    break
+            if stop:
+                break
+        metrics = {key: value / max(count, 1) for key, value in sums.items()}
+        metrics["train/epochs_done"] = epoch + 1
+        metrics["train/early_stop"] = float(stop)
+        return metrics
+
+    def _micro_step(
+        self, turns: list[Turn], minibatch_tokens: int, minibatch_size: int
+    ) -> dict[str, float]:
+        """Forward + backward of one micro-batch, weighted so the minibatch sums to means."""
+        config, device = self.config, self.policy.device
+        scores = self.policy.score(
+            [t.prompt_ids for t in turns], [t.response_ids for t in turns], with_entropy=True
+        )
+        old = torch.zeros_like(scores.logps)
+        for row, turn in enumerate(turns):
+            old[row, : len(turn.response_ids)] = turn.old_logps.to(device)
+        advantages = torch.tensor([t.advantage for t in turns], device=device)
+        pg_loss, pg_stats = core.policy_loss(
+            scores.logps, old, advantages, scores.mask, config.clip_range
+        )
+        old_values = torch.tensor([t.value for t in turns], device=device)
+        returns = torch.tensor([t.returns for t in turns], device=device)
+        v_loss, v_stats = core.value_loss(
+            scores.values, old_values, returns, config.clip_range_value
+        )
+        ent = core.masked_mean(scores.entropy, scores.mask)
+        token_share = float(scores.mask.sum()) / minibatch_tokens
+        turn_share = len(turns) / minibatch_size
+        loss = (
+            pg_loss - config.ent_coef * ent
+        ) * token_share + config.vf_coef * v_loss * turn_share
+        loss.backward()
+        return {
+            "loss/policy": float(pg_loss.detach()) * token_share,
+            "loss/value": float(v_loss.detach()) * turn_share,
+            "loss/total": float(loss.detach()),
+            "policy/entropy": float(ent.detach()) * token_share,
+            "policy/approx_kl": float(pg_stats["approx_kl"]) * token_share,
+            "policy/clip_frac": float(pg_stats["clip_frac"]) * token_share,
+            "policy/ratio_mean": float(pg_stats["ratio_mean"]) * token_share,
+            "value/clip_frac": float(v_stats["value_clip_frac"]) * turn_share,
+        }
+
+    def _episode_metrics(self, episodes: list[EpisodeStats]) -> dict[str, float]:
+        self.episodes += len(episodes)
+        metrics: dict[str, float] = {"env/episodes": self.episodes}
+        if episodes:
+            returns = np.array([e.episode_return for e in episodes])
+            metrics["env/return_mean"] = float(returns.mean())
+            metrics["env/return_std"] = float(returns.std())
+            metrics["env/episode_length"] = float(np.mean([e.length for e in episodes]))
+            successes = [e.success for e in episodes if e.success is not None]
+            if successes:
+                metrics["env/success_rate"] = float(np.mean(successes))
+        return metrics
+
+    # --- the loop ------------------------------------------------------------------------------
+
+    def step(self) -> dict[str, float]:
+        """One iteration: collect a rollout and update on it."""
+        turns_before = self.turns
+        start = time.perf_counter()
+        buffer = self.collect()
+        rollout_s = time.perf_counter() - start
+        metrics = self.update(buffer, self.collector.drain())
+        metrics["time/rollout_s"] = rollout_s
+        total = rollout_s + metrics["time/score_s"] + metrics["time/update_s"]
+        metrics["throughput/turns_per_s"] = (self.turns - turns_before) / max(total, 1e-9)
+        return metrics
+
+    def train(
+        self,
+        total_episodes: int,
+        *,
+        resume_from: str | Path | None = None,
+        callback: Callable[[dict[str, float]], Any] | None = None,
+    ) -> dict[str, float]:
+        """Run updates until ``total_episodes`` episodes have finished; return the last metrics."""
+        from textgym_agents.ppo.run import TrainingRun
+
+        return TrainingRun(self).run(total_episodes, resume_from=resume_from, callback=callback)

@@ -1,0 +1,139 @@
+"""Tiny, offline stand-ins for the real model, for tests and benchmarks that must run in seconds.
+
+`load_tokenizer` gives the embedded SmolLM2 tokenizer; `tiny_model` a random Llama that uses it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from textgym_agents.models import (
+    EMBEDDED_MODEL,
+    cache_dir,
+    embedded_gguf_path,
+    load_or_build_cache,
+    prepare_tokenizer,
+)
+
+if TYPE_CHECKING:
+    from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
+
+
+def load_tokenizer() -> PreTrainedTokenizerBase:
+    """Return the embedded model's tokenizer, left-padded, with a pad token.
+
+    The first call reads the GGUF file (~5 s) and caches the tokenizer under
+    ``cache_dir()/tokenizers``; later calls load that copy in ~0.1 s.
+
+    Example:
+        >>> tokenizer = load_tokenizer()
+        >>> tokenizer.pad_token, tokenizer.padding_side
+        ('<|im_end|>', 'left')
+    """
+    from transformers import AutoTokenizer
+
+    gguf = embedded_gguf_path()
+
+    def build(tmp: Path) -> PreTrainedTokenizerBase:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        tokenizer.save_pretrained(tmp)
+        return tokenizer
+
+    path = cache_dir() / "tokenizers" / EMBEDDED_MODEL
+    required = ["tokenizer_config.json", "tokenizer.json"]
+    return prepare_tokenizer(
+        load_or_build_cache(path, gguf, required, AutoTokenizer.from_pretrained, build)
+    )
+
+
+def tiny_model(
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    *,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+) -> tuple[LlamaForCausalLM, PreTrainedTokenizerBase]:
+    """Build a small random Llama over ``tokenizer``'s vocabulary (the embedded one by default).
+
+    The weights are seeded without touching the global RNG; embeddings are tied like SmolLM2's,
+    and the tokenizer's bos/eos/pad ids are set in the config and generation config.
+
+    Example:
+        >>> model, tokenizer = tiny_model()
+        >>> model.config.vocab_size == len(tokenizer), model.training
+        (True, False)
+    """
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    for name, value in [("hidden_size", hidden_size), ("num_layers", num_layers)]:
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"Expected {name} to be a positive int, got {value!r}")
+    if not isinstance(num_heads, int) or num_heads < 1 or hidden_size % num_heads:
+        raise ValueError(
+            f"Expected num_heads to be a positive int dividing hidden_size={hidden_size}, "
+            f"got {num_heads!r}"
+        )
+    tokenizer = prepare_tokenizer(load_tokenizer() if tokenizer is None else tokenizer)
+    ids = {
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+    }
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=4 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_heads,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        # With tied embeddings and the usual 0.02 init, the residual stream is dominated by
+        # the input embedding, so greedy decoding just repeats the last prompt token; a wider
+        # init makes the random model's outputs vary, which tests of generation need.
+        initializer_range=0.2,
+        **ids,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+    model.generation_config = GenerationConfig(**ids)
+    return model.to(dtype).eval(), tokenizer
+
+
+def word_tokenizer(words: list[str]) -> PreTrainedTokenizerBase:
+    """A word-level tokenizer over ``words`` plus chat markers, with a chat template.
+
+    With a vocabulary this small, a random model already writes the words often, so a test
+    can check that PPO makes it prefer the paying one within a few updates.
+
+    Example:
+        >>> tokenizer = word_tokenizer(["yes", "no"])
+        >>> tokenizer.decode(tokenizer.encode("yes no"))
+        'yes no'
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    special = ["<unk>", "<|im_start|>", "<|im_end|>", "system", "user", "assistant"]
+    vocab = {word: i for i, word in enumerate(dict.fromkeys(special + list(words)))}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    backend.decoder = decoders.WordPiece()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        unk_token="<unk>",
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+        pad_token="<|im_end|>",
+    )
+    tokenizer.chat_template = (
+        "{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['content'] }} <|im_end|> "
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|> assistant {% endif %}"
+    )
+    return prepare_tokenizer(tokenizer)
