@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import transformers
 from peft import PeftModel
 from torch import nn
 
@@ -33,6 +34,9 @@ Messages = Sequence[dict[str, str]]
 POLICY_FILE = "policy.json"
 VALUE_HEAD_FILE = "value_head.safetensors"
 ADAPTER_DIR = "adapter"
+SHARED_PREFIX_MIN = 16  # shorter shared prefixes are not worth a second decoder call
+# transformers 5 renamed the past_key_values argument of forward() and generate() to cache.
+_CACHE_KWARG = "cache" if int(transformers.__version__.split(".")[0]) >= 5 else "past_key_values"
 
 
 @dataclass
@@ -100,6 +104,7 @@ class PPOPolicy:
         name = getattr(getattr(self.model, "config", None), "_name_or_path", None) or None
         self.base_info = dict(base_info or {"name_or_path": name})
         self.eos_ids = _eos_ids(tokenizer, self.model)
+        self._prefix_cache: tuple[str | None, list[int]] = (None, [])
         self.model.eval()  # no dropout: PPO's old and new log-probs must match
 
     @classmethod
@@ -140,11 +145,20 @@ class PPOPolicy:
     # --- text in, text out -------------------------------------------------------------------
 
     def encode(self, messages: Messages) -> list[int]:
-        """Token ids of the chat prompt for ``messages``, ending with the assistant header."""
+        """Token ids of the chat prompt for ``messages``, then of the reply prefix (if any)."""
         encoded = self.tokenizer.apply_chat_template(
             list(messages), add_generation_prompt=True, tokenize=True, return_dict=True
         )
-        return list(encoded["input_ids"])
+        return list(encoded["input_ids"]) + self._prefix_ids()
+
+    def _prefix_ids(self) -> list[int]:
+        prefix = self.config.reply_prefix
+        if not prefix:
+            return []
+        if self._prefix_cache[0] != prefix:
+            ids = self.tokenizer.encode(prefix, add_special_tokens=False)
+            self._prefix_cache = (prefix, list(ids))
+        return self._prefix_cache[1]
 
     @torch.no_grad()
     def generate(
@@ -154,30 +168,48 @@ class PPOPolicy:
         prompts = [self.encode(messages) for messages in batch]
         if not prompts:
             return Generation([], [], [])
-        width = max(len(p) for p in prompts)
-        pad = self.tokenizer.pad_token_id
+        pad, device, config = self.tokenizer.pad_token_id, self.device, self.config
+        # Prompts of one env share their system prompt: run it once and reuse its key/value
+        # cache for every row. Rows are laid out as [shared | left padding | own tokens];
+        # generate() derives positions from the attention mask, so the gap is invisible.
+        shared = min(_common_prefix_length(prompts), min(len(p) for p in prompts) - 1)
+        if len(prompts) < 2 or shared < SHARED_PREFIX_MIN:
+            shared = 0
+        width = shared + max(len(p) - shared for p in prompts)
         input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
         attention_mask = torch.zeros_like(input_ids)
         for row, prompt in enumerate(prompts):
-            input_ids[row, width - len(prompt) :] = torch.tensor(prompt)
-            attention_mask[row, width - len(prompt) :] = 1
-        config = self.config
+            own = len(prompt) - shared
+            input_ids[row, :shared] = torch.tensor(prompt[:shared], dtype=torch.long)
+            input_ids[row, width - own :] = torch.tensor(prompt[shared:])
+            attention_mask[row, :shared] = 1
+            attention_mask[row, width - own :] = 1
+        extra: dict[str, Any] = {}
+        if shared:
+            prefix = input_ids[:1, :shared].to(device)
+            cache = _cache_of(self.model(input_ids=prefix, use_cache=True))
+            cache.batch_repeat_interleave(len(prompts))
+            extra[_CACHE_KWARG] = cache
+        if config.stop_strings:
+            extra.update(stop_strings=config.stop_strings, tokenizer=self.tokenizer)
         sampling: dict[str, Any] = {"do_sample": False, "top_k": None}
         if not greedy:
             sampling = {"do_sample": True, "temperature": config.temperature}
             sampling.update(top_p=config.top_p, top_k=config.top_k or None)
         output = self.model.generate(
-            input_ids=input_ids.to(self.device),
-            attention_mask=attention_mask.to(self.device),
+            input_ids=input_ids.to(device),
+            attention_mask=attention_mask.to(device),
             max_new_tokens=max_new_tokens or config.max_new_tokens,
             pad_token_id=pad,
             eos_token_id=sorted(self.eos_ids),
             use_cache=True,
             **sampling,
+            **extra,
         )
-        responses = [self._cut_at_eos(row[width:].tolist()) for row in output.cpu()]
+        responses = [self._cut(row[width:].tolist()) for row in output.cpu()]
         texts = self.tokenizer.batch_decode(responses, skip_special_tokens=True)
-        return Generation(prompts, responses, texts)
+        prefix = config.reply_prefix
+        return Generation(prompts, responses, [prefix + text for text in texts])
 
     def act(
         self, observations: Messages | Sequence[Messages], *, greedy: bool = False
@@ -192,8 +224,17 @@ class PPOPolicy:
         texts = self.generate(batch, greedy=greedy).texts
         return texts[0] if single else texts
 
-    def _cut_at_eos(self, tokens: list[int]) -> list[int]:
+    def _cut(self, tokens: list[int]) -> list[int]:
+        """The tokens the model actually sampled: up to EOS or the first stop string (kept).
+
+        A sequence that stops early is padded; when the pad token is also EOS, the padding
+        after a stop string must not be mistaken for a sampled EOS. Tokens after a stop
+        string (if generation ran on) are dropped, as if it had stopped there.
+        """
+        stops = self.config.stop_strings
         for i, token in enumerate(tokens):
+            if stops and _has_stop(self.tokenizer.decode(tokens[: i + 1]), stops):
+                return tokens[: i + 1]
             if token in self.eos_ids:
                 return tokens[: i + 1]
         return tokens
@@ -218,24 +259,21 @@ class PPOPolicy:
         if not adapter:
             with self.model.disable_adapter():
                 return self.score(prompts, responses, values=False, with_entropy=with_entropy)
-        device, pad = self.device, self.tokenizer.pad_token_id
-        lengths = [len(p) + len(r) for p, r in zip(prompts, responses, strict=True)]
-        width, reply_width = max(lengths), max(len(r) for r in responses)
-        input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-        attention_mask = torch.zeros_like(input_ids)
+        device = self.device
+        reply_width = max(len(r) for r in responses)
+        sequences = [list(p) + list(r) for p, r in zip(prompts, responses, strict=True)]
+        # The logits at position i predict token i + 1, so a reply is read from the last
+        # prompt position on; the shared prefix must end before every such position.
+        hidden, offset = self._hidden_states(sequences, max_shared=min(len(p) for p in prompts) - 1)
+        width = hidden.shape[1]
         positions = torch.zeros((len(prompts), reply_width), dtype=torch.long)
         labels = torch.zeros((len(prompts), reply_width), dtype=torch.long)
         mask = torch.zeros((len(prompts), reply_width))
         for row, (prompt, response) in enumerate(zip(prompts, responses, strict=True)):
-            # Right padding keeps position ids equal to those of the unpadded sequence.
-            input_ids[row, : lengths[row]] = torch.tensor(prompt + response)
-            attention_mask[row, : lengths[row]] = 1
-            # The logits at position i predict token i + 1.
-            start = len(prompt) - 1
+            start = len(prompt) - 1 - offset
             positions[row] = torch.arange(start, start + reply_width).clamp(max=width - 1)
             labels[row, : len(response)] = torch.tensor(response)
             mask[row, : len(response)] = 1
-        hidden = self._hidden_states(input_ids.to(device), attention_mask.to(device))  # (B, L, H)
         positions = positions.to(device)
         reply_hidden = hidden.gather(1, positions[..., None].expand(-1, -1, hidden.shape[-1]))
         logits = self._lm_head()(reply_hidden).float()  # (B, T, V)
@@ -249,14 +287,8 @@ class PPOPolicy:
 
     def prompt_values(self, prompts: Sequence[list[int]]) -> torch.Tensor:
         """Value of each prompt (no reply), for bootstrapping."""
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((len(prompts), width), self.tokenizer.pad_token_id, dtype=torch.long)
-        attention_mask = torch.zeros_like(input_ids)
-        for row, prompt in enumerate(prompts):
-            input_ids[row, : len(prompt)] = torch.tensor(prompt)
-            attention_mask[row, : len(prompt)] = 1
-        hidden = self._hidden_states(input_ids.to(self.device), attention_mask.to(self.device))
-        last = torch.tensor([len(p) - 1 for p in prompts], device=self.device)
+        hidden, offset = self._hidden_states(prompts, max_shared=min(len(p) for p in prompts) - 1)
+        last = torch.tensor([len(p) - 1 - offset for p in prompts], device=self.device)
         return self.value_head(hidden[torch.arange(len(prompts)), last]).float()
 
     def _causal_lm(self) -> nn.Module:
@@ -265,13 +297,45 @@ class PPOPolicy:
     def _lm_head(self) -> nn.Module:
         return self._causal_lm().get_output_embeddings()
 
-    def _hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        # The decoder alone: logits are computed for reply positions only, not the whole
-        # sequence, which saves a (B, L, vocab) tensor per forward.
+    def _hidden_states(
+        self, sequences: Sequence[list[int]], *, max_shared: int
+    ) -> tuple[torch.Tensor, int]:
+        """Final hidden states of right-padded sequences, and the offset of their first column.
+
+        Every prompt of a text env starts with the same system prompt. When the sequences
+        share a prefix of at least ``SHARED_PREFIX_MIN`` tokens, it is run once and its
+        key/value cache repeated for the batch (gradients flow through it, so training uses
+        this path too); only the rest of each sequence is run per row. The returned hidden
+        states then start at position ``offset`` of the sequences.
+        """
+        device, pad = self.device, self.tokenizer.pad_token_id
+        shared = min(_common_prefix_length(sequences), max_shared)
+        if len(sequences) < 2 or shared < SHARED_PREFIX_MIN:
+            shared = 0
+        rows = [seq[shared:] for seq in sequences]
+        width = max(len(r) for r in rows)
+        input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
+        attention_mask = torch.zeros((len(rows), shared + width), dtype=torch.long)
+        attention_mask[:, :shared] = 1
+        for i, row in enumerate(rows):
+            # Right padding keeps position ids equal to those of the unpadded sequence.
+            input_ids[i, : len(row)] = torch.tensor(row)
+            attention_mask[i, shared : shared + len(row)] = 1
         lm = self._causal_lm()
         decoder = getattr(lm, lm.base_model_prefix)
-        output = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
-        return output.last_hidden_state
+        kwargs: dict[str, Any] = {"use_cache": False}
+        if shared:
+            prefix = torch.tensor([sequences[0][:shared]], device=device)
+            cache = _cache_of(decoder(input_ids=prefix, use_cache=True))
+            cache.batch_repeat_interleave(len(rows))
+            positions = torch.arange(shared, shared + width, device=device).expand(len(rows), -1)
+            kwargs = {_CACHE_KWARG: cache, "use_cache": True, "position_ids": positions}
+        # The decoder alone: logits are computed for reply positions only, not the whole
+        # sequence, which saves a (B, L, vocab) tensor per forward.
+        output = decoder(
+            input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), **kwargs
+        )
+        return output.last_hidden_state, shared
 
     def trainable_parameters(self) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
         """(LoRA parameters, value-head parameters)."""
@@ -339,6 +403,25 @@ class PPOPolicy:
         value_head.load_state_dict(load_tensors(path / VALUE_HEAD_FILE))
         config = PPOConfig.from_dict(info.get("config", {}))
         return cls(peft_model, tokenizer, value_head, config=config, base_info=base)
+
+
+def _common_prefix_length(sequences: Sequence[list[int]]) -> int:
+    first = sequences[0]
+    length = min(len(seq) for seq in sequences)
+    for seq in sequences[1:]:
+        n = 0
+        while n < length and seq[n] == first[n]:
+            n += 1
+        length = n
+    return length
+
+
+def _cache_of(output: Any) -> Any:
+    return getattr(output, "cache", None) or output.past_key_values
+
+
+def _has_stop(text: str, stops: Sequence[str]) -> bool:
+    return any(stop in text for stop in stops)
 
 
 def _is_conversation(value: Any) -> bool:

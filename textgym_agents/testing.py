@@ -57,11 +57,13 @@ def tiny_model(
     num_heads: int = 4,
     seed: int = 0,
     dtype: torch.dtype = torch.float32,
+    tie_word_embeddings: bool = True,
 ) -> tuple[LlamaForCausalLM, PreTrainedTokenizerBase]:
     """Build a small random Llama over ``tokenizer``'s vocabulary (the embedded one by default).
 
-    The weights are seeded without touching the global RNG; embeddings are tied like SmolLM2's,
-    and the tokenizer's bos/eos/pad ids are set in the config and generation config.
+    The weights are seeded without touching the global RNG; embeddings are tied like SmolLM2's
+    unless ``tie_word_embeddings=False``, and the tokenizer's bos/eos/pad ids are set in the
+    config and generation config.
 
     Example:
         >>> model, tokenizer = tiny_model()
@@ -92,7 +94,7 @@ def tiny_model(
         num_attention_heads=num_heads,
         num_key_value_heads=num_heads,
         max_position_embeddings=2048,
-        tie_word_embeddings=True,
+        tie_word_embeddings=tie_word_embeddings,
         # With tied embeddings and the usual 0.02 init, the residual stream is dominated by
         # the input embedding, so greedy decoding just repeats the last prompt token; a wider
         # init makes the random model's outputs vary, which tests of generation need.

@@ -40,6 +40,10 @@ class PPOConfig:
     temperature: float = _help(1.0, "Sampling temperature; log-probs use the same scaling.")
     top_k: int = _help(0, "Sample from the k most likely tokens (0 = no limit).")
     top_p: float = _help(1.0, "Nucleus sampling threshold (1.0 = no limit).")
+    reply_prefix: str = _help(
+        "", "Text every reply starts with (assistant prefill); the env receives prefix + reply."
+    )
+    stop_strings: list[str] = _help([], "Generation stops after any of these (kept in the reply).")
     # --- rollout ----------------------------------------------------------------------------
     num_steps: int = _help(
         8, "Env steps per env per update; a batch is num_envs * num_steps turns."
@@ -107,6 +111,11 @@ class PPOConfig:
             _check(self, name, value is None or (_number(value) and value > 0), "> 0 or None")
         estimators = ("k1", "k3", "abs", "mse")
         _check(self, "kl_estimator", self.kl_estimator in estimators, f"one of {estimators}")
+        _check(self, "reply_prefix", isinstance(self.reply_prefix, str), "a str")
+        if isinstance(self.stop_strings, str):
+            self.stop_strings = [self.stop_strings]
+        ok = all(isinstance(x, str) and x for x in self.stop_strings)
+        _check(self, "stop_strings", ok, "a list of non-empty str")
         sinks = ("jsonl", "tensorboard", "wandb")
         if isinstance(self.report_to, str):
             self.report_to = [self.report_to]

@@ -69,6 +69,9 @@ class RolloutCollector:
         # Bounded so a long run's memory stays flat; the trainer drains it every update.
         self.finished: deque[EpisodeStats] = deque(maxlen=max_episode_history)
         self.turns = self.invalid_turns = 0
+        # Once an env reports is_success, an episode that ends without it (cut short by
+        # invalid replies, say) counts as a failure rather than being left out.
+        self.reports_success = False
 
     def reset(self, seed: int | None = None) -> None:
         """Start fresh episodes in every env."""
@@ -127,6 +130,9 @@ class RolloutCollector:
             info_key = "final_info" if self.mode == AutoresetMode.SAME_STEP else None
             source = infos.get(info_key, infos) if info_key else infos
             success = _info_at(source, "is_success", i)
+            self.reports_success |= success is not None
+            if success is None and self.reports_success:
+                success = False
             self.finished.append(
                 EpisodeStats(
                     float(self.returns[i]),

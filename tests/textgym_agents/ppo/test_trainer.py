@@ -11,25 +11,28 @@ from textgym_agents import PPOConfig, PPOPolicy, PPOTrainer, RolloutBuffer, Turn
 from textgym_agents.ppo import core
 from textgym_agents.testing import tiny_model, word_tokenizer
 
+WORDS = ["yes", "no", "maybe", "ok", "red", "green", "blue", "gray"]
+
 
 class PayingChoice(gym.Env):
-    """One-step bandit: replying "yes" pays 1, "no" pays 0."""
+    """One-step bandit over four observations: replying "yes" pays 1, "no" pays 0."""
 
-    observation_space = gym.spaces.Discrete(1)
+    observation_space = gym.spaces.Discrete(4)
     action_space = gym.spaces.Discrete(2)
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
-        return 0, {}
+        self.obs = int(self.np_random.integers(4))
+        return self.obs, {}
 
     def step(self, action):
-        return 0, float(action == 1), True, False, {"is_success": bool(action == 1)}
+        return self.obs, float(action == 1), True, False, {"is_success": bool(action == 1)}
 
 
 def paying_choice_env():
     return TextEnvWrapper(
         PayingChoice(),
-        formatter="choose yes or no",
+        formatter=lambda obs, info: f"{WORDS[4 + obs]} choose",
         action_names=["no", "yes"],
         system_prompt="answer",
         invalid_penalty=0.1,
@@ -172,34 +175,38 @@ def test_autoreset_modes(policy, mode):
 
 
 def test_policy_learns_to_prefer_paying_reply():
-    """A tiny model learns that "yes" pays: > 90% of greedy replies within 40 updates."""
-    torch.manual_seed(0)
-    model, tokenizer = tiny_model(word_tokenizer(["yes", "no", "maybe", "ok"]))
-    with torch.no_grad():  # near-uniform start: every word is sampled from the first update
-        model.get_input_embeddings().weight.mul_(0.05)
+    """A tiny model learns that "yes" pays: > 90% of greedy replies within 20 updates."""
+    model, tokenizer = tiny_model(word_tokenizer(WORDS), tie_word_embeddings=False)
+    with torch.no_grad():  # a near-uniform start: every word is sampled from the first update
+        model.lm_head.weight.mul_(0.1)
+    linear = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     config = PPOConfig(
         num_steps=1,
         max_new_tokens=1,
         minibatch_size=16,
         micro_batch_size=16,
         num_epochs=4,
-        learning_rate=3e-2,
+        learning_rate=1e-2,
         kl_coef=0.0,
         seed=0,
     )
-    policy = PPOPolicy(model, tokenizer, config=config)
+    policy = PPOPolicy(
+        model, tokenizer, config=config, lora={"target_modules": [*linear, "lm_head"]}
+    )
     envs = gym.vector.SyncVectorEnv([paying_choice_env for _ in range(16)])
     trainer = PPOTrainer(policy, envs)
-    prompt = paying_choice_env().reset(seed=0)[0]
+    prompts = [paying_choice_env().reset(seed=seed)[0] for seed in range(16)]
+    assert len({p[-1]["content"] for p in prompts}) == 4
 
     def greedy_yes_rate():
-        replies = policy.act([prompt] * 10, greedy=True)
-        return np.mean([r.strip() == "yes" for r in replies])
+        return np.mean([reply == "yes" for reply in policy.act(prompts, greedy=True)])
 
-    start = greedy_yes_rate()
-    for _ in range(40):
+    history = []
+    for _ in range(20):
         metrics = trainer.step()
-        if greedy_yes_rate() > 0.9 and metrics["env/success_rate"] > 0.8:
+        history.append((metrics["env/success_rate"], greedy_yes_rate()))
+        if history[-1][0] > 0.8 and history[-1][1] > 0.9:
             break
-    assert greedy_yes_rate() > 0.9, (start, metrics)
-    assert metrics["env/success_rate"] > 0.8
+    assert history[-1][1] > 0.9, history
+    assert history[-1][0] > 0.8, history
+    assert history[0][0] < 0.5  # it did not start out knowing

@@ -1,0 +1,159 @@
+import json
+import math
+
+import gymnasium as gym
+import pytest
+import torch
+
+import textgym  # noqa: F401
+from textgym_agents import PPOConfig, PPOPolicy, evaluate
+from textgym_agents.checkpoint import latest_checkpoint
+from textgym_agents.testing import tiny_model
+from textgym_agents.tracking import read_metrics
+
+
+def make_policy(tmp_path, **overrides):
+    base = tmp_path / "base"
+    if not base.exists():
+        model, tokenizer = tiny_model()
+        model.save_pretrained(base)
+        tokenizer.save_pretrained(base)
+    values = dict(
+        num_steps=2,
+        max_new_tokens=6,
+        minibatch_size=8,
+        micro_batch_size=4,
+        save_every=1,
+        progress=False,
+        seed=3,
+    )
+    values.update(overrides)
+    return PPOPolicy.from_pretrained(str(base), config=PPOConfig(**values))
+
+
+def envs():
+    return gym.make_vec("textgym/Blackjack-v1", num_envs=4)
+
+
+def test_learn_writes_the_run_directory(tmp_path):
+    policy = make_policy(tmp_path)
+    run = tmp_path / "run"
+    metrics = policy.learn(envs(), total_episodes=6, output_dir=run)
+    lines = read_metrics(run)
+    assert len(lines) == metrics["train/update"] >= 1
+    for key in [
+        "env/return_mean",
+        "env/invalid_rate",
+        "policy/approx_kl",
+        "policy/clip_frac",
+        "policy/entropy",
+        "loss/policy",
+        "loss/value",
+        "value/explained_var",
+        "time/rollout_s",
+        "time/update_s",
+        "throughput/turns_per_s",
+    ]:
+        assert any(key in line for line in lines), key
+    assert lines[-1]["env/episodes"] >= 6
+    assert (run / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads((run / "config.json").read_text())["ppo"]["seed"] == 3
+    assert latest_checkpoint(run) is not None
+    loaded = PPOPolicy.load(run / "final")
+    prompt = [loaded.encode([{"role": "user", "content": "hi"}])]
+    with torch.no_grad():
+        a = loaded.score(prompt, [[1, 2]]).logps
+        b = policy.score(prompt, [[1, 2]]).logps
+    assert torch.equal(a, b)
+
+
+def test_checkpoint_is_loadable_as_a_policy(tmp_path):
+    policy = make_policy(tmp_path)
+    policy.learn(envs(), total_episodes=4, output_dir=tmp_path / "run")
+    checkpoint = latest_checkpoint(tmp_path / "run")
+    assert PPOPolicy.load(checkpoint).config.seed == 3
+
+
+def test_resume_continues_the_same_run(tmp_path):
+    straight = make_policy(tmp_path)
+    straight.learn(envs(), total_episodes=12, output_dir=tmp_path / "straight")
+    updates = read_metrics(tmp_path / "straight")[-1]["train/update"]
+
+    first = make_policy(tmp_path)
+    first.learn(envs(), total_episodes=5, output_dir=tmp_path / "resumed")
+    done = read_metrics(tmp_path / "resumed")[-1]["train/update"]
+    second = make_policy(tmp_path)
+    second.learn(
+        envs(), total_episodes=12, output_dir=tmp_path / "resumed", resume_from=tmp_path / "resumed"
+    )
+    lines = read_metrics(tmp_path / "resumed")
+    steps = [line["step"] for line in lines]
+    assert steps == list(range(1, len(steps) + 1))  # no gap, no repeat
+    assert lines[-1]["env/episodes"] >= 12
+    assert steps[done] == done + 1  # the resumed run picked up the update count
+    assert updates >= 1
+
+
+def test_learn_rejects_bad_total(tmp_path):
+    policy = make_policy(tmp_path)
+    with pytest.raises(ValueError, match="total_episodes must be an int >= 1, got 0"):
+        policy.learn(envs(), total_episodes=0)
+
+
+def test_evaluate_counts_exact_episodes_and_rates(tmp_path):
+    policy = make_policy(tmp_path)
+    result = evaluate(policy, gym.make("textgym/Blackjack-v1"), n_episodes=10, num_envs=4)
+    assert result["episodes"] == 10
+    assert 0.0 <= result["invalid_rate"] <= 1.0
+    assert math.isfinite(result["mean_return"]) and result["std_return"] >= 0
+    assert "success_rate" not in result  # Blackjack reports no is_success
+    vector = evaluate(policy, envs(), n_episodes=7)
+    assert vector["episodes"] == 7
+
+
+class ScriptedCalculatorPolicy:
+    """Anything with generate() and encode() can be evaluated: here, a scripted tool user."""
+
+    def __init__(self, replies):
+        self.replies = replies
+        self.calls = 0
+
+    def encode(self, messages):
+        return [len(messages)]
+
+    def generate(self, batch, greedy=True):
+        from textgym_agents import Generation
+
+        texts = []
+        for messages in batch:
+            question = messages[1]["content"].removeprefix("What is ").rstrip("?")
+            texts.append(self.replies(question, messages[-1]["content"]))
+        return Generation([[1]] * len(batch), [[2]] * len(batch), texts)
+
+
+def test_evaluate_success_rate_when_env_reports_it():
+    def solve(question, last):
+        if last.startswith("Observation: "):
+            return "Answer: " + last.removeprefix("Observation: ")
+        return f"Action: calculator({question})"
+
+    env = gym.make("textgym/Calculator-v0")
+    result = evaluate(ScriptedCalculatorPolicy(solve), env, n_episodes=6, num_envs=3)
+    assert result == {
+        "mean_return": 1.0,
+        "std_return": 0.0,
+        "mean_length": 2.0,
+        "invalid_rate": 0.0,
+        "episodes": 6,
+        "success_rate": 1.0,
+    }
+    wrong = evaluate(ScriptedCalculatorPolicy(lambda q, last: "Answer: 0"), env, n_episodes=4)
+    assert wrong["success_rate"] == 0.0 and wrong["mean_return"] == -1.0
+    # episodes cut short by invalid replies count as failures once the env reports success
+    mixed = evaluate(
+        ScriptedCalculatorPolicy(lambda q, last: "Answer: 0" if "?" in last else "hmm"),
+        env,
+        n_episodes=4,
+        num_envs=1,
+    )
+    assert mixed["success_rate"] == 0.0
