@@ -8,6 +8,7 @@ reads log-probs of the reply tokens and the value of the last prompt token.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -344,16 +345,34 @@ class PPOPolicy:
 
     # --- training ----------------------------------------------------------------------------
 
-    def learn(self, envs: Any, total_episodes: int, **kwargs: Any) -> dict[str, float]:
+    def learn(
+        self,
+        envs: Any,
+        total_episodes: int,
+        *,
+        output_dir: str | Path | None = "auto",
+        resume_from: str | Path | None = None,
+        callback: Any = None,
+    ) -> dict[str, float]:
         """Train by PPO on a text env (vector or single) until ``total_episodes`` episodes end.
 
-        Keyword arguments go to :meth:`textgym_agents.ppo.trainer.PPOTrainer.train`
-        (``output_dir``, ``resume_from``, ``callback``). Returns the last update's metrics.
+        Args:
+            envs: A text env or text vector env.
+            total_episodes: Episodes to finish (counting those of a resumed run).
+            output_dir: Run directory for metrics, checkpoints, the final policy and the
+                learning curve; ``"auto"`` picks ``runs/<env>-<time>``, None writes nothing.
+            resume_from: A run directory or checkpoint to continue from.
+            callback: Called with each update's metrics; returning False stops training.
+
+        Returns:
+            The last update's metrics.
         """
         from textgym_agents.ppo.trainer import PPOTrainer
 
-        trainer = PPOTrainer(self, envs, output_dir=kwargs.pop("output_dir", None))
-        return trainer.train(total_episodes=total_episodes, **kwargs)
+        if output_dir == "auto":
+            output_dir = _default_run_dir(envs)
+        trainer = PPOTrainer(self, envs, output_dir=output_dir)
+        return trainer.train(total_episodes, resume_from=resume_from, callback=callback)
 
     # --- persistence -------------------------------------------------------------------------
 
@@ -403,6 +422,13 @@ class PPOPolicy:
         value_head.load_state_dict(load_tensors(path / VALUE_HEAD_FILE))
         config = PPOConfig.from_dict(info.get("config", {}))
         return cls(peft_model, tokenizer, value_head, config=config, base_info=base)
+
+
+def _default_run_dir(envs: Any) -> Path:
+    spec = getattr(envs, "spec", None)
+    name = spec.id if spec is not None else "run"
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / f"{name.replace('/', '-')}-{stamp}"
 
 
 def _common_prefix_length(sequences: Sequence[list[int]]) -> int:

@@ -250,7 +250,7 @@ def plot_learning_curves(
     keys: Sequence[str] = ("env/return_mean", "env/invalid_rate"),
     labels: Sequence[str] | None = None,
     smooth: int = 1,
-    references: Mapping[str, float] | None = None,
+    references: Mapping[str, float | Mapping[str, float]] | None = None,
     x_key: str = "step",
 ) -> Path:
     """Draw one subplot per metric and one line per run into a PNG (written atomically).
@@ -265,7 +265,8 @@ def plot_learning_curves(
         keys: Metrics to draw, one subplot each.
         labels: Legend names, one per run; defaults to the run directory names.
         smooth: Trailing moving-average window (1 = raw values).
-        references: Horizontal reference lines per metric, e.g. a random policy's return.
+        references: Horizontal reference lines per metric: a value, or a mapping from a
+            label to a value (e.g. ``{"random": -0.39, "basic strategy": -0.045}``).
         x_key: The logged value used as x.
 
     Example:
@@ -304,9 +305,12 @@ def plot_learning_curves(
                 continue
             # A fixed colour per run keeps runs recognisable across subplots with gaps.
             ax.plot(xs, _moving_average(ys, smooth), color=f"C{i % 10}", label=label)
-        if key in references:
-            value = references[key]
-            ax.axhline(value, linestyle="--", color="0.45", label=f"reference ({value:g})")
+        lines = references.get(key, {})
+        if not isinstance(lines, Mapping):
+            lines = {"reference": lines}
+        for j, (name, value) in enumerate(lines.items()):
+            style = ("--", ":", "-.")[j % 3]
+            ax.axhline(value, linestyle=style, color="0.45", label=f"{name} ({value:g})")
         if missing:
             note = f"no '{key}' in: " + ", ".join(missing)
             where = (0.5, 0.5, "center") if len(missing) == len(runs) else (0.02, 0.02, "left")

@@ -46,15 +46,21 @@ class BlackjackFormatter(Formatter):
 
 
 class _GridFormatter(Formatter):
-    """Shared by the grid worlds: draw the map with the agent's cell marked ``P``."""
+    """Shared by the grid worlds: the agent's coordinates, then the map with its cell as ``P``."""
+
+    NOTES: dict[str, str] = {"G": " You reached the goal."}  # said when standing on a cell
 
     def __init__(self) -> None:
         self.rows: list[str] = []
 
-    def _draw(self, row: int, col: int) -> str:
+    def format(self, obs: Any, info: Mapping[str, Any]) -> str:
+        """Draw the map with the agent's position."""
+        row, col = divmod(int(obs), len(self.rows[0]))
+        where = f"You are at row {row}, column {col} (P on the map; rows and columns count from 0)."
         lines = [list(line) for line in self.rows]
         lines[row][col] = "P"
-        return "\n".join("".join(line) for line in lines)
+        drawn = "\n".join("".join(line) for line in lines)
+        return f"{where}{self.NOTES.get(self.rows[row][col], '')}\n{drawn}"
 
 
 class FrozenLakeFormatter(_GridFormatter):
@@ -77,12 +83,7 @@ class FrozenLakeFormatter(_GridFormatter):
         desc = env.unwrapped.desc  # type: ignore[attr-defined]
         self.rows = [b"".join(row).decode() for row in desc]
 
-    def format(self, obs: Any, info: Mapping[str, Any]) -> str:
-        """Draw the lake with the agent's position."""
-        row, col = divmod(int(obs), len(self.rows[0]))
-        where = f"You are at row {row}, column {col} (P on the map; rows and columns count from 0)."
-        under = {"H": " You fell into a hole.", "G": " You reached the goal."}
-        return f"{where}{under.get(self.rows[row][col], '')}\n{self._draw(row, col)}"
+    NOTES = {"H": " You fell into a hole.", "G": " You reached the goal."}
 
 
 class CliffWalkingFormatter(_GridFormatter):
@@ -109,11 +110,6 @@ class CliffWalkingFormatter(_GridFormatter):
         ]
         self.rows[-1] = self.rows[-1][:-1] + "G"
 
-    def format(self, obs: Any, info: Mapping[str, Any]) -> str:
-        """Draw the grid with the agent's position."""
-        row, col = divmod(int(obs), len(self.rows[0]))
-        where = f"You are at row {row}, column {col} (P on the map; rows and columns count from 0)."
-        return f"{where}\n{self._draw(row, col)}"
 
 
 class TaxiFormatter(Formatter):

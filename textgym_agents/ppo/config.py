@@ -81,31 +81,20 @@ class PPOConfig:
         positive_ints = ["max_new_tokens", "num_steps", "num_epochs", "minibatch_size"]
         positive_ints += ["micro_batch_size", "kl_horizon", "keep_checkpoints"]
         for name in positive_ints:
-            _check(
-                self,
-                name,
-                isinstance(getattr(self, name), int) and getattr(self, name) >= 1,
-                "an int >= 1",
-            )
+            value = getattr(self, name)
+            _check(self, name, _integer(value) and value >= 1, "an int >= 1")
         for name in ["temperature", "learning_rate", "clip_range", "max_grad_norm", "kl_target"]:
-            _check(self, name, _number(getattr(self, name)) and getattr(self, name) > 0, "> 0")
+            value = getattr(self, name)
+            _check(self, name, _number(value) and value > 0, "> 0")
         for name in ["value_learning_rate", "weight_decay", "vf_coef", "ent_coef", "kl_coef"]:
-            _check(self, name, _number(getattr(self, name)) and getattr(self, name) >= 0, ">= 0")
+            value = getattr(self, name)
+            _check(self, name, _number(value) and value >= 0, ">= 0")
         for name in ["gamma", "lam"]:
-            _check(
-                self,
-                name,
-                _number(getattr(self, name)) and 0 <= getattr(self, name) <= 1,
-                "in [0, 1]",
-            )
+            value = getattr(self, name)
+            _check(self, name, _number(value) and 0 <= value <= 1, "in [0, 1]")
         _check(self, "top_p", _number(self.top_p) and 0 < self.top_p <= 1, "in (0, 1]")
-        _check(self, "top_k", isinstance(self.top_k, int) and self.top_k >= 0, "an int >= 0")
-        _check(
-            self,
-            "save_every",
-            isinstance(self.save_every, int) and self.save_every >= 0,
-            "an int >= 0",
-        )
+        _check(self, "top_k", _integer(self.top_k) and self.top_k >= 0, "an int >= 0")
+        _check(self, "save_every", _integer(self.save_every) and self.save_every >= 0, ">= 0")
         for name in ["clip_range_value", "target_kl"]:
             value = getattr(self, name)
             _check(self, name, value is None or (_number(value) and value > 0), "> 0 or None")
@@ -158,6 +147,10 @@ class PPOConfig:
     def help() -> dict[str, str]:
         """Return the help text of every field."""
         return {f.name: f.metadata.get("help", "") for f in dataclasses.fields(PPOConfig)}
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _number(value: Any) -> bool:

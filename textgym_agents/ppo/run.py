@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 
 from textgym_agents.checkpoint import (
     atomic_write_json,
+    discard_checkpoints_after,
     latest_checkpoint,
     load_checkpoint,
     load_tensors,
@@ -77,13 +78,18 @@ class TrainingRun:
         if self.output_dir is not None:
             self.output_dir.mkdir(parents=True, exist_ok=True)
             logger.info("Writing the run to %s", self.output_dir)
+            if config.progress:
+                tqdm.write(f"Writing the run to {self.output_dir}")
             atomic_write_json(
                 self.output_dir / "config.json",
                 {"ppo": config.to_dict(), "base": trainer.policy.base_info},
             )
             metrics_logger = MetricsLogger(self.output_dir, report_to=config.report_to)
             if resume_from is not None:
+                # Continue from the checkpoint: later metrics and checkpoints belong to the
+                # abandoned continuation of the run.
                 metrics_logger.truncate_after(trainer.update_step)
+                discard_checkpoints_after(self.output_dir, trainer.update_step)
         bar = tqdm(
             total=total_episodes,
             initial=min(trainer.episodes, total_episodes),

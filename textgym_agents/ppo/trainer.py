@@ -114,7 +114,6 @@ class PPOTrainer:
             "env/invalid_rate": float(np.mean([t.invalid for t in turns])),
             "env/reward_mean": float(np.mean([t.reward for t in turns])),
             "reply/tokens_mean": float(np.mean([len(t.response_ids) for t in turns])),
-            "objective/kl": mean_kl,
             "objective/kl_coef": float(self.kl_ctl.value),
             "value/mean": float(values.mean()),
             "value/explained_var": float(core.explained_variance(values, returns)),
@@ -122,6 +121,8 @@ class PPOTrainer:
             "time/update_s": update_s,
             **stats,
         }
+        if self._uses_kl:  # else the reference was not scored
+            metrics["objective/kl"] = mean_kl
         metrics.update(self._episode_metrics(episodes or []))
         buffer.clear()
         return metrics
@@ -149,7 +150,8 @@ class PPOTrainer:
                 prompts = [turns[i].prompt_ids for i in micro]
                 responses = [turns[i].response_ids for i in micro]
                 scores = policy.score(prompts, responses, values=True)
-                ref = policy.score(prompts, responses, adapter=False)
+                # Without a KL penalty the reference is never used: skip its forward pass.
+                ref = policy.score(prompts, responses, adapter=False) if self._uses_kl else scores
                 for row, i in enumerate(micro):
                     n = len(turns[i].response_ids)
                     turns[i].old_logps = scores.logps[row, :n].cpu()
@@ -162,6 +164,10 @@ class PPOTrainer:
             values = policy.prompt_values([t.bootstrap_ids for t in chunk])
             for turn, value in zip(chunk, values.tolist(), strict=True):
                 turn.bootstrap_value = value
+
+    @property
+    def _uses_kl(self) -> bool:
+        return self.config.adaptive_kl or self.config.kl_coef > 0
 
     def _advantages(self, buffer: RolloutBuffer) -> None:
         config, beta = self.config, float(self.kl_ctl.value)

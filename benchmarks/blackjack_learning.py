@@ -1,0 +1,146 @@
+"""Does PPO teach the embedded model blackjack? Greedy return before/after, in one run.
+
+Trains the embedded SmolLM2-135M-Instruct (LoRA) on ``textgym/Blackjack-v1`` and evaluates
+the greedy policy on the same hands before and after. Reference points come from scripted
+policies played through the same text env and the same evaluation: random play, always
+stick, and basic strategy (hit/stand table for these rules).
+
+    python benchmarks/blackjack_learning.py [--hands 3000] [--eval-hands 1000] [--out DIR]
+
+Target (issue 3): after <= 3,000 training hands, greedy mean return >= -0.15.
+The run directory (metrics, checkpoints, learning curve) is written to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import time
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+import textgym  # noqa: F401
+from textgym_agents import Generation, PPOConfig, PPOPolicy, evaluate
+from textgym_agents.tracking import plot_learning_curves
+
+TARGET = -0.15
+_STATE = re.compile(r"totals (\d+)(, counting an ace as 11)?\. The dealer shows (?:an? )?(\w+)")
+
+
+def read_state(messages):
+    """(player total, dealer card, usable ace) from the Blackjack formatter's text."""
+    match = _STATE.search(messages[-1]["content"])
+    dealer = match.group(3)
+    return int(match.group(1)), 1 if dealer == "ace" else int(dealer), bool(match.group(2))
+
+
+def basic_strategy(total: int, dealer: int, usable_ace: bool) -> str:
+    """Hit/stand basic strategy for Blackjack-v1 (no doubling or splitting)."""
+    if usable_ace:
+        return "hit" if total <= 17 or (total == 18 and dealer in (9, 10, 1)) else "stick"
+    if total <= 11:
+        return "hit"
+    if total == 12:
+        return "stick" if dealer in (4, 5, 6) else "hit"
+    if total <= 16:
+        return "stick" if 2 <= dealer <= 6 else "hit"
+    return "stick"
+
+
+class Scripted:
+    """A policy from a function of the game state, evaluated exactly like the model."""
+
+    def __init__(self, choose, seed: int = 0) -> None:
+        self.choose, self.rng = choose, np.random.default_rng(seed)
+
+    def encode(self, messages):
+        return [0]
+
+    def generate(self, batch, greedy=True):
+        texts = [f'{{"action": "{self.choose(read_state(m), self.rng)}"}}' for m in batch]
+        return Generation([[0]] * len(batch), [[0]] * len(batch), texts)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hands", type=int, default=3000, help="training hands")
+    parser.add_argument("--eval-hands", type=int, default=1000)
+    parser.add_argument("--num-envs", type=int, default=16)
+    parser.add_argument("--out", default="runs/blackjack-benchmark")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--lr", type=float, default=5e-5)
+    parser.add_argument("--kl-coef", type=float, default=0.05)
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--num-steps", type=int, default=4)
+    args = parser.parse_args()
+    torch.manual_seed(args.seed)
+    eval_env = gym.make("textgym/Blackjack-v1")
+    eval_seed = 10_000  # evaluation hands differ from training hands, same for every policy
+
+    rows = []
+
+    def report(name, result, seconds=None):
+        rows.append({"policy": name, **result, "seconds": seconds})
+        extra = f"  ({seconds:.0f} s)" if seconds is not None else ""
+        print(
+            f"{name:<28} mean return {result['mean_return']:+.3f} ± "
+            f"{result['std_return'] / np.sqrt(result['episodes']):.3f}   "
+            f"invalid {result['invalid_rate']:.1%}{extra}",
+            flush=True,
+        )
+
+    n = args.eval_hands
+    refs = {
+        "random": Scripted(lambda s, rng: rng.choice(["stick", "hit"])),
+        "always stick": Scripted(lambda s, rng: "stick"),
+        "basic strategy": Scripted(lambda s, rng: basic_strategy(*s)),
+    }
+    for name, scripted in refs.items():
+        report(name, evaluate(scripted, eval_env, n, seed=eval_seed, num_envs=args.num_envs))
+
+    config = PPOConfig(
+        reply_prefix='{"action": "',
+        stop_strings=['"'],
+        max_new_tokens=4,
+        num_steps=args.num_steps,
+        minibatch_size=32,
+        micro_batch_size=16,
+        num_epochs=args.epochs,
+        learning_rate=args.lr,
+        kl_coef=args.kl_coef,
+        gamma=1.0,
+        save_every=10,
+        seed=args.seed,
+    )
+    policy = PPOPolicy.from_pretrained(config=config)
+    start = time.perf_counter()
+    before = evaluate(policy, eval_env, n, seed=eval_seed, num_envs=args.num_envs)
+    report("SmolLM2-135M before", before, time.perf_counter() - start)
+
+    envs = gym.make_vec("textgym/Blackjack-v1", num_envs=args.num_envs)
+    start = time.perf_counter()
+    policy.learn(envs, total_episodes=args.hands, output_dir=args.out)
+    train_seconds = time.perf_counter() - start
+    print(f"training: {args.hands} hands in {train_seconds:.0f} s", flush=True)
+
+    start = time.perf_counter()
+    after = evaluate(policy, eval_env, n, seed=eval_seed, num_envs=args.num_envs)
+    report("SmolLM2-135M after", after, time.perf_counter() - start)
+    verdict = "met" if after["mean_return"] >= TARGET else "MISSED"
+    print(f"target: greedy mean return >= {TARGET} after <= {args.hands} hands: {verdict}")
+
+    out = Path(args.out)
+    references = {r["policy"]: r["mean_return"] for r in rows[:3]}
+    plot_learning_curves(
+        [out], out / "learning_curve.png", smooth=5, references={"env/return_mean": references}
+    )
+    summary = {"rows": rows, "train_seconds": train_seconds, "config": config.to_dict()}
+    (out / "benchmark.json").write_text(json.dumps(summary, indent=2))
+
+
+if __name__ == "__main__":
+    main()

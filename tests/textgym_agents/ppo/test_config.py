@@ -1,0 +1,53 @@
+import dataclasses
+import json
+
+import pytest
+
+from textgym_agents import PPOConfig
+
+
+def test_every_field_has_help_text():
+    helps = PPOConfig.help()
+    assert set(helps) == {f.name for f in dataclasses.fields(PPOConfig)}
+    assert all(text.strip() for text in helps.values())
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("num_steps", 0, "num_steps must be an int >= 1, got 0"),
+        ("learning_rate", 0.0, "learning_rate must be > 0, got 0.0"),
+        ("gamma", 1.5, "gamma must be in [0, 1], got 1.5"),
+        ("top_p", 0.0, "top_p must be in (0, 1], got 0.0"),
+        ("kl_estimator", "k2", "kl_estimator must be one of ('k1', 'k3', 'abs', 'mse'), got 'k2'"),
+        ("target_kl", -1.0, "target_kl must be > 0 or None, got -1.0"),
+        (
+            "report_to",
+            ["csv"],
+            "report_to must be a list of ('jsonl', 'tensorboard', 'wandb'), got ['csv']",
+        ),
+        ("stop_strings", [""], "stop_strings must be a list of non-empty str, got ['']"),
+        ("vf_coef", float("nan"), "vf_coef must be >= 0, got nan"),
+        ("num_epochs", True, "num_epochs must be an int >= 1, got True"),
+    ],
+)
+def test_bad_values_name_the_field(field, value, message):
+    with pytest.raises(ValueError) as excinfo:
+        PPOConfig(**{field: value})
+    assert str(excinfo.value) == message
+
+
+def test_micro_batch_must_fit_minibatch():
+    with pytest.raises(
+        ValueError, match=r"micro_batch_size \(16\) must be <= minibatch_size \(8\)"
+    ):
+        PPOConfig(minibatch_size=8, micro_batch_size=16)
+
+
+def test_round_trip_and_unknown_keys():
+    config = PPOConfig(learning_rate=1e-4, stop_strings='"', report_to="tensorboard")
+    assert config.stop_strings == ['"'] and config.report_to == ["tensorboard"]
+    again = PPOConfig.from_dict(json.loads(config.to_json()))
+    assert again == config
+    with pytest.raises(ValueError, match="Unknown PPOConfig field 'lr'"):
+        PPOConfig.from_dict({"lr": 1e-4})
