@@ -15,7 +15,7 @@ import shutil
 import tempfile
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -344,10 +344,35 @@ def attach_lora(
             "lora_dropout=%s makes PPO's old and new log-probs differ; 0.0 is advised",
             config.lora_dropout,
         )
+    with _quiet_peft():
+        return get_peft_model(model, config)
+
+
+def load_adapter(model: PreTrainedModel, path: str | os.PathLike[str]) -> PeftModel:
+    """Load a saved LoRA adapter (peft format) onto ``model``, trainable.
+
+    Example:
+        >>> from textgym_agents.testing import tiny_model
+        >>> import tempfile
+        >>> base, _ = tiny_model()
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     attach_lora(base).save_pretrained(tmp)
+        ...     loaded = load_adapter(tiny_model()[0], tmp)
+        >>> sum(p.requires_grad for p in loaded.parameters()) > 0
+        True
+    """
+    from peft import PeftModel
+
+    with _quiet_peft():
+        return PeftModel.from_pretrained(model, path, is_trainable=True)
+
+
+@contextlib.contextmanager
+def _quiet_peft() -> Iterator[None]:
     with warnings.catch_warnings():
         # peft still calls a transformers 5 deprecated alias; users cannot act on the warning.
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
-        return get_peft_model(model, config)
+        yield
 
 
 def hidden_size_of(model: nn.Module) -> int:

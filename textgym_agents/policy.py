@@ -25,7 +25,13 @@ from textgym_agents.checkpoint import (
     load_tensors,
     save_tensors,
 )
-from textgym_agents.models import ValueHead, attach_lora, hidden_size_of, load_model
+from textgym_agents.models import (
+    ValueHead,
+    attach_lora,
+    hidden_size_of,
+    load_adapter,
+    load_model,
+)
 from textgym_agents.ppo.config import PPOConfig
 from textgym_agents.ppo.core import entropy, logprobs_from_logits
 
@@ -416,7 +422,7 @@ class PPOPolicy:
             dtype=dtype or base.get("dtype"),
             device=device,
         )
-        peft_model = PeftModel.from_pretrained(model, path / ADAPTER_DIR, is_trainable=True)
+        peft_model = load_adapter(model, path / ADAPTER_DIR)
         parameter = next(peft_model.parameters())
         value_head = ValueHead(hidden_size_of(peft_model), dtype=parameter.dtype)
         value_head.load_state_dict(load_tensors(path / VALUE_HEAD_FILE))

@@ -111,7 +111,6 @@ class CliffWalkingFormatter(_GridFormatter):
         self.rows[-1] = self.rows[-1][:-1] + "G"
 
 
-
 class TaxiFormatter(Formatter):
     """Taxi's encoded state as the taxi's position, the passenger and the destination.
 
