@@ -76,6 +76,7 @@ def main() -> None:
     parser.add_argument("--kl-coef", type=float, default=0.05)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--num-steps", type=int, default=4)
+    parser.add_argument("--value-lr", type=float, default=1e-3)
     args = parser.parse_args()
     torch.manual_seed(args.seed)
     eval_env = gym.make("textgym/Blackjack-v1")
@@ -111,6 +112,7 @@ def main() -> None:
         micro_batch_size=16,
         num_epochs=args.epochs,
         learning_rate=args.lr,
+        value_learning_rate=args.value_lr,
         kl_coef=args.kl_coef,
         gamma=1.0,
         save_every=10,
