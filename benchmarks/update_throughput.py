@@ -23,7 +23,7 @@ import torch
 
 import textgym  # noqa: F401
 from textgym_agents import PPOConfig, PPOPolicy, PPOTrainer
-from textgym_agents.policy import _common_prefix_length
+from textgym_agents.prefix import shared_length
 
 TARGET = 0.35
 
@@ -61,7 +61,7 @@ def main() -> None:
     for minibatch in trainer._batches(np.arange(len(turns)), turns):
         for micro in minibatch:
             sequences = [turns[i].prompt_ids + turns[i].response_ids for i in micro]
-            shared = _common_prefix_length(sequences) if len(micro) > 1 else 0
+            shared = shared_length(sequences, min(len(turns[i].prompt_ids) for i in micro) - 1)
             computed += sum(len(s) - shared for s in sequences) + shared
 
     peak_before = matmul_flops()

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import transformers
 from peft import PeftModel
 from torch import nn
 
@@ -34,6 +33,7 @@ from textgym_agents.models import (
 )
 from textgym_agents.ppo.config import PPOConfig
 from textgym_agents.ppo.core import entropy, logprobs_from_logits
+from textgym_agents.prefix import decoder_hidden_states, generation_inputs
 
 __all__ = ["Generation", "PPOPolicy", "Scores"]
 
@@ -41,9 +41,6 @@ Messages = Sequence[dict[str, str]]
 POLICY_FILE = "policy.json"
 VALUE_HEAD_FILE = "value_head.safetensors"
 ADAPTER_DIR = "adapter"
-SHARED_PREFIX_MIN = 16  # shorter shared prefixes are not worth a second decoder call
-# transformers 5 renamed the past_key_values argument of forward() and generate() to cache.
-_CACHE_KWARG = "cache" if int(transformers.__version__.split(".")[0]) >= 5 else "past_key_values"
 
 
 @dataclass
@@ -175,28 +172,8 @@ class PPOPolicy:
         prompts = [self.encode(messages) for messages in batch]
         if not prompts:
             return Generation([], [], [])
-        pad, device, config = self.tokenizer.pad_token_id, self.device, self.config
-        # Prompts of one env share their system prompt: run it once and reuse its key/value
-        # cache for every row. Rows are laid out as [shared | left padding | own tokens];
-        # generate() derives positions from the attention mask, so the gap is invisible.
-        shared = min(_common_prefix_length(prompts), min(len(p) for p in prompts) - 1)
-        if len(prompts) < 2 or shared < SHARED_PREFIX_MIN:
-            shared = 0
-        width = shared + max(len(p) - shared for p in prompts)
-        input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-        attention_mask = torch.zeros_like(input_ids)
-        for row, prompt in enumerate(prompts):
-            own = len(prompt) - shared
-            input_ids[row, :shared] = torch.tensor(prompt[:shared], dtype=torch.long)
-            input_ids[row, width - own :] = torch.tensor(prompt[shared:])
-            attention_mask[row, :shared] = 1
-            attention_mask[row, width - own :] = 1
-        extra: dict[str, Any] = {}
-        if shared:
-            prefix = input_ids[:1, :shared].to(device)
-            cache = _cache_of(self.model(input_ids=prefix, use_cache=True))
-            cache.batch_repeat_interleave(len(prompts))
-            extra[_CACHE_KWARG] = cache
+        pad, config = self.tokenizer.pad_token_id, self.config
+        input_ids, attention_mask, extra = generation_inputs(self.model, prompts, pad=pad)
         if config.stop_strings:
             extra.update(stop_strings=config.stop_strings, tokenizer=self.tokenizer)
         sampling: dict[str, Any] = {"do_sample": False, "top_k": None}
@@ -204,8 +181,8 @@ class PPOPolicy:
             sampling = {"do_sample": True, "temperature": config.temperature}
             sampling.update(top_p=config.top_p, top_k=config.top_k or None)
         output = self.model.generate(
-            input_ids=input_ids.to(device),
-            attention_mask=attention_mask.to(device),
+            input_ids=input_ids,
+            attention_mask=attention_mask,
             max_new_tokens=max_new_tokens or config.max_new_tokens,
             pad_token_id=pad,
             eos_token_id=sorted(self.eos_ids),
@@ -213,6 +190,7 @@ class PPOPolicy:
             **sampling,
             **extra,
         )
+        width = input_ids.shape[1]
         responses = [self._cut(row[width:].tolist()) for row in output.cpu()]
         texts = self.tokenizer.batch_decode(responses, skip_special_tokens=True)
         prefix = config.reply_prefix
@@ -307,42 +285,12 @@ class PPOPolicy:
     def _hidden_states(
         self, sequences: Sequence[list[int]], *, max_shared: int
     ) -> tuple[torch.Tensor, int]:
-        """Final hidden states of right-padded sequences, and the offset of their first column.
-
-        Every prompt of a text env starts with the same system prompt. When the sequences
-        share a prefix of at least ``SHARED_PREFIX_MIN`` tokens, it is run once and its
-        key/value cache repeated for the batch (gradients flow through it, so training uses
-        this path too); only the rest of each sequence is run per row. The returned hidden
-        states then start at position ``offset`` of the sequences.
-        """
-        device, pad = self.device, self.tokenizer.pad_token_id
-        shared = min(_common_prefix_length(sequences), max_shared)
-        if len(sequences) < 2 or shared < SHARED_PREFIX_MIN:
-            shared = 0
-        rows = [seq[shared:] for seq in sequences]
-        width = max(len(r) for r in rows)
-        input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
-        attention_mask = torch.zeros((len(rows), shared + width), dtype=torch.long)
-        attention_mask[:, :shared] = 1
-        for i, row in enumerate(rows):
-            # Right padding keeps position ids equal to those of the unpadded sequence.
-            input_ids[i, : len(row)] = torch.tensor(row)
-            attention_mask[i, shared : shared + len(row)] = 1
-        lm = self._causal_lm()
-        decoder = getattr(lm, lm.base_model_prefix)
-        kwargs: dict[str, Any] = {"use_cache": False}
-        if shared:
-            prefix = torch.tensor([sequences[0][:shared]], device=device)
-            cache = _cache_of(decoder(input_ids=prefix, use_cache=True))
-            cache.batch_repeat_interleave(len(rows))
-            positions = torch.arange(shared, shared + width, device=device).expand(len(rows), -1)
-            kwargs = {_CACHE_KWARG: cache, "use_cache": True, "position_ids": positions}
         # The decoder alone: logits are computed for reply positions only, not the whole
         # sequence, which saves a (B, L, vocab) tensor per forward.
-        output = decoder(
-            input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), **kwargs
-        )
-        return output.last_hidden_state, shared
+        lm = self._causal_lm()
+        decoder = getattr(lm, lm.base_model_prefix)
+        pad = self.tokenizer.pad_token_id
+        return decoder_hidden_states(decoder, sequences, pad=pad, max_shared=max_shared)
 
     def trainable_parameters(self) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
         """(LoRA parameters, value-head parameters)."""
@@ -435,21 +383,6 @@ def _default_run_dir(envs: Any) -> Path:
     name = spec.id if spec is not None else "run"
     stamp = time.strftime("%Y%m%d-%H%M%S")
     return Path("runs") / f"{name.replace('/', '-')}-{stamp}"
-
-
-def _common_prefix_length(sequences: Sequence[list[int]]) -> int:
-    first = sequences[0]
-    length = min(len(seq) for seq in sequences)
-    for seq in sequences[1:]:
-        n = 0
-        while n < length and seq[n] == first[n]:
-            n += 1
-        length = n
-    return length
-
-
-def _cache_of(output: Any) -> Any:
-    return getattr(output, "cache", None) or output.past_key_values
 
 
 def _has_stop(text: str, stops: Sequence[str]) -> bool:
