@@ -22,6 +22,7 @@ def main() -> None:
     parser.add_argument("--eval-hands", type=int, default=200)
     parser.add_argument("--num-envs", type=int, default=16)
     parser.add_argument("--out", default="runs/blackjack")
+    parser.add_argument("--model", default=None, help="model name or path (default: embedded)")
     args = parser.parse_args()
 
     config = PPOConfig(
@@ -36,7 +37,7 @@ def main() -> None:
         learning_rate=2e-4,
         kl_coef=0.0,
     )
-    policy = PPOPolicy.from_pretrained(config=config)  # embedded model, LoRA attached
+    policy = PPOPolicy.from_pretrained(args.model, config=config)  # LoRA attached
     eval_env = gym.make("textgym/Blackjack-v1")
     before = evaluate(policy, eval_env, n_episodes=args.eval_hands, seed=10_000)
 

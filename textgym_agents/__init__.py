@@ -1,5 +1,6 @@
 """textgym_agents: PPO with LoRA for LLM agents on any textgym environment."""
 
+from textgym_agents.agent import Agent
 from textgym_agents.evaluation import evaluate
 from textgym_agents.policy import Generation, PPOPolicy
 from textgym_agents.ppo.buffer import RolloutBuffer, Turn
@@ -7,6 +8,7 @@ from textgym_agents.ppo.config import PPOConfig
 from textgym_agents.ppo.trainer import PPOTrainer
 
 __all__ = [
+    "Agent",
     "Generation",
     "PPOConfig",
     "PPOPolicy",

@@ -1,0 +1,112 @@
+import math
+
+import gymnasium as gym
+import pytest
+import torch
+
+from textgym_agents import Agent, PPOPolicy
+from textgym_agents.testing import tiny_model
+
+
+class BlackjackAgent(Agent):
+    def get_system_prompt(self):
+        return "You are an expert blackjack player."
+
+    def format_observation(self, observation):
+        return f"Your current total is {observation[0]}"
+
+    def extract_action(self, response):
+        return 0 if "stay" in response else 1
+
+
+class PickyAgent(BlackjackAgent):
+    def extract_action(self, response):
+        raise ValueError("never parses")
+
+
+def play(agent, env, episodes, seed=0):
+    stats = []
+    for episode in range(episodes):
+        observation, _ = env.reset(seed=seed + episode)
+        done = False
+        while not done:
+            action = agent.act(observation)
+            observation, reward, terminated, truncated, _ = env.step(action)
+            agent.assign_reward(reward)
+            done = terminated or truncated
+        stats.append(agent.terminate_episode())
+    return stats
+
+
+def make(cls=BlackjackAgent, **kwargs):
+    model, tokenizer = tiny_model()
+    return cls(model, tokenizer, "cpu", max_new_tokens=4, **kwargs)
+
+
+def test_llamagym_loop_trains_when_the_batch_is_full():
+    agent = make(batch_size=3)
+    lora_before = [
+        p.detach().clone() for n, p in agent.policy.model.named_parameters() if "lora_B" in n
+    ]
+    stats = play(agent, gym.make("Blackjack-v1"), 3)
+    assert stats[:2] == [None, None]
+    assert math.isfinite(stats[2]["loss/policy"]) and stats[2]["env/turns"] >= 3
+    lora_after = [p for n, p in agent.policy.model.named_parameters() if "lora_B" in n]
+    assert any(not torch.equal(a, b) for a, b in zip(lora_before, lora_after, strict=True))
+    assert len(agent.buffer) == 0 and agent.episodes_in_buffer == 0
+
+
+def test_conversation_is_kept_within_an_episode_and_reset_after():
+    agent = make(batch_size=10)
+    env = gym.make("Blackjack-v1")
+    observation, _ = env.reset(seed=3)
+    agent.act(observation)
+    agent.assign_reward(0.0)
+    roles = [m["role"] for m in agent.current_episode_messages]
+    assert roles == ["system", "user", "assistant"]
+    assert agent.current_episode_messages[1]["content"] == f"Your current total is {observation[0]}"
+    agent.terminate_episode()
+    assert [m["role"] for m in agent.current_episode_messages] == ["system"]
+
+
+def test_failing_extract_action_is_recorded_invalid_and_penalised():
+    agent = make(PickyAgent, batch_size=10, default_action=0, invalid_penalty=0.5)
+    env = gym.make("Blackjack-v1")
+    observation, _ = env.reset(seed=0)
+    action = agent.act(observation)
+    assert action == 0
+    agent.assign_reward(1.0)
+    turn = agent.current_turns[-1]
+    assert turn.invalid and turn.reward == 0.5
+
+
+def test_actions_outside_the_space_are_invalid():
+    class Wild(BlackjackAgent):
+        def extract_action(self, response):
+            return 7
+
+    agent = make(Wild, action_space=gym.spaces.Discrete(2), default_action=1)
+    observation, _ = gym.make("Blackjack-v1").reset(seed=0)
+    assert agent.act(observation) == 1 and agent.current_turns[-1].invalid
+
+
+def test_assign_reward_before_act_is_a_clear_error():
+    with pytest.raises(
+        RuntimeError, match="assign_reward\\(\\) needs a turn: call act\\(\\) first"
+    ):
+        make().assign_reward(1.0)
+
+
+def test_same_agent_definition_as_text_env_trains_with_ppo_policy():
+    agent = make(batch_size=2)
+    envs = gym.vector.SyncVectorEnv(
+        [lambda: agent.text_env(gym.make("Blackjack-v1")) for _ in range(2)]
+    )
+    messages, _ = envs.reset(seed=0)
+    assert messages[0][0]["content"] == "You are an expert blackjack player."
+    assert messages[0][-1]["content"].startswith("Your current total is ")
+    _, _, _, _, infos = envs.step(["I stay", "hit me"])
+    assert infos["env_action"].tolist() == [0, 1]
+    policy = PPOPolicy(*tiny_model(), config=agent.policy.config)
+    metrics = policy.learn(envs, total_episodes=2, output_dir=None)
+    assert math.isfinite(metrics["loss/policy"])

@@ -1,0 +1,188 @@
+"""LlamaGym's ``Agent`` API on textgym's PPO: subclass, write three methods, play, train.
+
+``act`` / ``assign_reward`` / ``terminate_episode`` record turns into the same
+:class:`~textgym_agents.ppo.buffer.RolloutBuffer` that :class:`PPOTrainer` updates on, so there
+is one PPO implementation. :meth:`Agent.text_env` turns the same three methods into a
+formatter and parser for :class:`~textgym.TextEnvWrapper`, to train with ``PPOPolicy`` on
+vector envs.
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from typing import Any
+
+import gymnasium as gym
+import torch
+
+from textgym import FunctionParser, TextEnvWrapper
+from textgym_agents.policy import PPOPolicy
+from textgym_agents.ppo.buffer import RolloutBuffer, Turn
+from textgym_agents.ppo.config import PPOConfig
+from textgym_agents.ppo.trainer import PPOTrainer
+
+__all__ = ["Agent"]
+
+logger = logging.getLogger(__name__)
+
+
+class Agent(ABC):
+    """An LLM agent that keeps its episode's conversation and learns by PPO.
+
+    Example:
+        >>> import gymnasium as gym
+        >>> from textgym_agents.testing import tiny_model
+        >>> class BlackjackAgent(Agent):
+        ...     def get_system_prompt(self):
+        ...         return "You are an expert blackjack player."
+        ...     def format_observation(self, observation):
+        ...         return f"Your current total is {observation[0]}"
+        ...     def extract_action(self, response):
+        ...         return 0 if "stay" in response else 1
+        >>> model, tokenizer = tiny_model()
+        >>> agent = BlackjackAgent(model, tokenizer, "cpu", batch_size=2, max_new_tokens=4)
+        >>> env = gym.make("Blackjack-v1")
+        >>> for episode in range(2):
+        ...     observation, info = env.reset(seed=episode)
+        ...     done = False
+        ...     while not done:
+        ...         action = agent.act(observation)
+        ...         observation, reward, terminated, truncated, info = env.step(action)
+        ...         agent.assign_reward(reward)
+        ...         done = terminated or truncated
+        ...     stats = agent.terminate_episode()
+        >>> "loss/policy" in stats
+        True
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        device: str | torch.device | None = None,
+        *,
+        batch_size: int = 8,
+        action_space: gym.Space[Any] | None = None,
+        default_action: Any = 0,
+        invalid_penalty: float = 1.0,
+        lora: Any = None,
+        **config: Any,
+    ) -> None:
+        """Wrap a causal LM.
+
+        Args:
+            model: A transformers causal LM (a LoRA adapter is attached, the value head is ours).
+            tokenizer: Its tokenizer (needs a chat template).
+            device: Where to run the model (default: where it already is).
+            batch_size: Episodes per PPO update.
+            action_space: If given, actions outside it count as invalid.
+            default_action: Sent to the env when ``extract_action`` fails or is invalid.
+            invalid_penalty: Subtracted from the reward of an invalid turn.
+            lora: LoRA settings (a ``peft.LoraConfig`` or a dict of overrides).
+            **config: :class:`~textgym_agents.PPOConfig` fields (generation and PPO settings).
+        """
+        if device is not None:
+            model = model.to(device)
+        if not (isinstance(batch_size, int) and batch_size >= 1):
+            raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+        self.policy = PPOPolicy(model, tokenizer, config=PPOConfig(**config), lora=lora)
+        self.trainer = PPOTrainer(self.policy)
+        self.batch_size = batch_size
+        self.action_space = action_space
+        self.default_action = default_action
+        self.invalid_penalty = float(invalid_penalty)
+        self.buffer = RolloutBuffer()
+        self.episodes_in_buffer = 0
+        self.current_episode_messages: list[dict[str, str]] = []
+        self.current_turns: list[Turn] = []
+        self._reset_conversation()
+
+    @abstractmethod
+    def get_system_prompt(self) -> str:
+        """The system prompt of every episode."""
+
+    @abstractmethod
+    def format_observation(self, observation: Any) -> str:
+        """The user message for an env observation."""
+
+    @abstractmethod
+    def extract_action(self, response: str) -> Any:
+        """The env action in the model's reply (raising marks the turn invalid)."""
+
+    def act(self, observation: Any) -> Any:
+        """Show the observation to the model, record its reply and return the env action."""
+        self.current_episode_messages.append(
+            {"role": "user", "content": self.format_observation(observation)}
+        )
+        generation = self.policy.generate([self.current_episode_messages])
+        response = generation.texts[0]
+        self.current_episode_messages.append({"role": "assistant", "content": response})
+        action, invalid = self._extract(response)
+        self.current_turns.append(
+            Turn(generation.prompt_ids[0], generation.response_ids[0], reward=0.0, invalid=invalid)
+        )
+        if invalid:
+            self.current_turns[-1].reward -= self.invalid_penalty
+        return action
+
+    def _extract(self, response: str) -> tuple[Any, bool]:
+        try:
+            action = self.extract_action(response)
+        except Exception as e:  # untrusted model text must not end the episode
+            logger.debug("extract_action failed on %r: %s", response, e)
+            return self.default_action, True
+        if self.action_space is not None and not self.action_space.contains(action):
+            return self.default_action, True
+        return action, False
+
+    def assign_reward(self, reward: float) -> None:
+        """Add the env's reward to the last turn."""
+        if not self.current_turns:
+            raise RuntimeError("assign_reward() needs a turn: call act() first")
+        self.current_turns[-1].reward += float(reward)
+
+    def terminate_episode(self, truncated: bool = False) -> dict[str, float] | None:
+        """End the episode; run a PPO update once ``batch_size`` episodes are recorded.
+
+        Args:
+            truncated: The episode was cut short (time limit) rather than finished; its last
+                turn is then bootstrapped from the value of the final conversation.
+
+        Returns:
+            The update's metrics, or None when the batch is not full yet.
+        """
+        if self.current_turns:
+            last = self.current_turns[-1]
+            last.truncated, last.terminated = truncated, not truncated
+            if truncated:
+                last.bootstrap_ids = self.policy.encode(self.current_episode_messages)
+            for turn in self.current_turns:
+                self.buffer.add(self.episodes_in_buffer, turn)
+            self.episodes_in_buffer += 1
+        self._reset_conversation()
+        if self.episodes_in_buffer < self.batch_size:
+            return None
+        stats = self.trainer.update(self.buffer)
+        self.episodes_in_buffer = 0
+        return stats
+
+    def _reset_conversation(self) -> None:
+        self.current_episode_messages = [{"role": "system", "content": self.get_system_prompt()}]
+        self.current_turns = []
+
+    def text_env(self, env: gym.Env[Any, Any] | str, **wrapper_kwargs: Any) -> TextEnvWrapper:
+        """Wrap ``env`` as a text env that prompts and parses exactly like this agent.
+
+        The formatter is :meth:`format_observation`, the parser :meth:`extract_action` and the
+        system prompt :meth:`get_system_prompt`; the conversation keeps ``history`` past turns
+        (default 16, as the agent keeps its whole episode). Train it with ``PPOPolicy``.
+        """
+        wrapper_kwargs.setdefault("history", 16)
+        return TextEnvWrapper(
+            env,
+            formatter=lambda obs, info: self.format_observation(obs),
+            parser=FunctionParser(self.extract_action),
+            system_prompt=self.get_system_prompt(),
+            **wrapper_kwargs,
+        )
