@@ -94,8 +94,6 @@ class Agent(ABC):
         self.invalid_penalty = float(invalid_penalty)
         self.buffer = RolloutBuffer()
         self.episodes_in_buffer = 0
-        self.current_episode_messages: list[dict[str, str]] = []
-        self.current_turns: list[Turn] = []
         self._reset_conversation()
 
     @abstractmethod
@@ -168,8 +166,10 @@ class Agent(ABC):
         return stats
 
     def _reset_conversation(self) -> None:
-        self.current_episode_messages = [{"role": "system", "content": self.get_system_prompt()}]
-        self.current_turns = []
+        self.current_episode_messages: list[dict[str, str]] = [
+            {"role": "system", "content": self.get_system_prompt()}
+        ]
+        self.current_turns: list[Turn] = []
 
     def text_env(self, env: gym.Env[Any, Any] | str, **wrapper_kwargs: Any) -> TextEnvWrapper:
         """Wrap ``env`` as a text env that prompts and parses exactly like this agent.

@@ -9,7 +9,7 @@ import numpy as np
 from gymnasium.vector import VectorEnv
 
 from textgym_agents.ppo.buffer import RolloutBuffer
-from textgym_agents.ppo.rollout import RolloutCollector
+from textgym_agents.ppo.rollout import RolloutCollector, as_vector_env
 
 __all__ = ["evaluate"]
 
@@ -96,4 +96,4 @@ def _as_batched(env: Any, num_envs: int) -> tuple[VectorEnv, bool]:
     if env.spec is not None and num_envs > 1:
         spec = env.spec
         return gym.vector.SyncVectorEnv([lambda: gym.make(spec) for _ in range(num_envs)]), True
-    return gym.vector.SyncVectorEnv([lambda: env]), False
+    return as_vector_env(env), False

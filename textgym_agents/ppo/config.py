@@ -6,6 +6,7 @@ set and explain it; ``__post_init__`` rejects bad values with a message that nam
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 from collections.abc import Mapping
@@ -17,7 +18,8 @@ __all__ = ["PPOConfig"]
 
 def _help(default: Any, text: str) -> Any:
     if isinstance(default, list | dict):
-        return field(default_factory=lambda: default, metadata={"help": text})
+        # A copy per instance: one config's list must not be every config's default.
+        return field(default_factory=lambda: copy.copy(default), metadata={"help": text})
     return field(default=default, metadata={"help": text})
 
 

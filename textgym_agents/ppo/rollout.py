@@ -68,7 +68,6 @@ class RolloutCollector:
         self.invalid = np.zeros(n, dtype=int)
         # Bounded so a long run's memory stays flat; the trainer drains it every update.
         self.finished: deque[EpisodeStats] = deque(maxlen=max_episode_history)
-        self.turns = self.invalid_turns = 0
         # Once an env reports is_success, an episode that ends without it (cut short by
         # invalid replies, say) counts as a failure rather than being left out.
         self.reports_success = False
@@ -121,15 +120,13 @@ class RolloutCollector:
                 buffer.set_bootstrap(i, policy.encode(self.observations[i]))
 
     def _track(self, i: int, turn: Turn, infos: dict[str, Any]) -> None:
-        self.turns += 1
-        self.invalid_turns += int(turn.invalid)
         self.returns[i] += turn.reward
         self.lengths[i] += 1
         self.invalid[i] += int(turn.invalid)
         if turn.done:
-            info_key = "final_info" if self.mode == AutoresetMode.SAME_STEP else None
-            source = infos.get(info_key, infos) if info_key else infos
-            success = _info_at(source, "is_success", i)
+            if self.mode == AutoresetMode.SAME_STEP:  # infos already belong to the next episode
+                infos = infos.get("final_info", infos)
+            success = _info_at(infos, "is_success", i)
             self.reports_success |= success is not None
             if success is None and self.reports_success:
                 success = False

@@ -51,3 +51,11 @@ def test_round_trip_and_unknown_keys():
     assert again == config
     with pytest.raises(ValueError, match="Unknown PPOConfig field 'lr'"):
         PPOConfig.from_dict({"lr": 1e-4})
+
+
+def test_list_defaults_are_not_shared_between_configs():
+    first = PPOConfig()
+    first.report_to.append("tensorboard")
+    first.stop_strings.append("}")
+    second = PPOConfig()
+    assert second.report_to == ["jsonl"] and second.stop_strings == []
