@@ -77,6 +77,10 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--num-steps", type=int, default=4)
     parser.add_argument("--value-lr", type=float, default=1e-3)
+    parser.add_argument("--ent-coef", type=float, default=0.0)
+    parser.add_argument(
+        "--decoding", default="choices", choices=["free", "choices"], help="reply decoding mode"
+    )
     args = parser.parse_args()
     torch.manual_seed(args.seed)
     eval_env = gym.make("textgym/Blackjack-v1")
@@ -114,6 +118,8 @@ def main() -> None:
         learning_rate=args.lr,
         value_learning_rate=args.value_lr,
         kl_coef=args.kl_coef,
+        ent_coef=args.ent_coef,
+        decoding=args.decoding,
         gamma=1.0,
         save_every=10,
         seed=args.seed,

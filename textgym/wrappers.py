@@ -267,6 +267,21 @@ class TextEnvWrapper(gym.Wrapper[Messages, str, ObsType, ActType], gym.utils.Rec
         """Return a reply that makes the parser produce ``action`` (None if it cannot say)."""
         return self.parser.example(action)
 
+    def reply_choices(self) -> list[str] | None:
+        """Return every valid reply when the action set is finite, else None.
+
+        One reply per action (see :meth:`~textgym.parsers.ActionParser.choices`); a policy
+        can score these instead of generating free text, so every reply is valid. Vector
+        envs answer with ``envs.call("reply_choices")``.
+
+        Example:
+            >>> import gymnasium as gym
+            >>> env = TextEnvWrapper(gym.make("Blackjack-v1"), action_names=["stick", "hit"])
+            >>> env.reply_choices()
+            ['{"action": "stick"}', '{"action": "hit"}']
+        """
+        return self.parser.choices()
+
     def _messages(self) -> Messages:
         messages = [{"role": "system", "content": self.system_prompt}]
         for user, assistant in self._turns:

@@ -20,8 +20,12 @@ class _NoTraining:
     def __init__(self, policy: Any, greedy: bool) -> None:
         self.policy, self.greedy = policy, greedy
 
-    def generate(self, batch: Any) -> Any:
-        return self.policy.generate(batch, greedy=self.greedy)
+    @property
+    def wants_choices(self) -> bool:
+        return getattr(self.policy, "wants_choices", False)
+
+    def generate(self, batch: Any, **kwargs: Any) -> Any:
+        return self.policy.generate(batch, greedy=self.greedy, **kwargs)
 
     def encode(self, messages: Any) -> list[int]:
         return self.policy.encode(messages)

@@ -24,6 +24,7 @@ from textgym_agents.checkpoint import (
     load_tensors,
     save_tensors,
 )
+from textgym_agents.choices import choice_token_ids, merge_rows, score_choices
 from textgym_agents.models import (
     ValueHead,
     attach_lora,
@@ -50,6 +51,8 @@ class Generation:
     prompt_ids: list[list[int]]
     response_ids: list[list[int]]
     texts: list[str]
+    # Choice decoding: every row's choices (token ids); the response is one of them.
+    choice_ids: list[list[list[int]]] | None = None
 
 
 @dataclass
@@ -109,6 +112,7 @@ class PPOPolicy:
         self.base_info = dict(base_info or {"name_or_path": name})
         self.eos_ids = _eos_ids(tokenizer, self.model)
         self._prefix_cache: tuple[str | None, list[int]] = (None, [])
+        self._choice_cache: dict[tuple[str, tuple[str, ...]], list[list[int]]] = {}
         self.model.eval()  # no dropout: PPO's old and new log-probs must match
 
     @classmethod
@@ -166,12 +170,28 @@ class PPOPolicy:
 
     @torch.no_grad()
     def generate(
-        self, batch: Sequence[Messages], *, greedy: bool = False, max_new_tokens: int | None = None
+        self,
+        batch: Sequence[Messages],
+        *,
+        greedy: bool = False,
+        max_new_tokens: int | None = None,
+        choices: Sequence[Sequence[str] | None] | None = None,
     ) -> Generation:
-        """Generate one reply per conversation in a single batched call."""
+        """Generate one reply per conversation in a single batched call.
+
+        Args:
+            batch: Conversations (lists of chat messages).
+            greedy: Pick the most likely reply instead of sampling.
+            max_new_tokens: Override of ``config.max_new_tokens`` (free text).
+            choices: Each conversation's valid replies (``env.reply_choices()``), used when
+                ``config.decoding`` is ``"choices"`` or ``"auto"``: the reply is then one of
+                them, drawn from the model's distribution over them.
+        """
         prompts = [self.encode(messages) for messages in batch]
         if not prompts:
             return Generation([], [], [])
+        if self._uses_choices(choices, len(prompts)):
+            return self._choose(prompts, choices, greedy)  # type: ignore[arg-type]
         pad, config = self.tokenizer.pad_token_id, self.config
         input_ids, attention_mask, extra = generation_inputs(self.model, prompts, pad=pad)
         if config.stop_strings:
@@ -197,17 +217,74 @@ class PPOPolicy:
         return Generation(prompts, responses, [prefix + text for text in texts])
 
     def act(
-        self, observations: Messages | Sequence[Messages], *, greedy: bool = False
+        self,
+        observations: Messages | Sequence[Messages],
+        *,
+        greedy: bool = False,
+        choices: Sequence[str] | Sequence[Sequence[str] | None] | None = None,
     ) -> str | list[str]:
         """Reply to one conversation (returns a str) or to a batch (returns a list of str).
 
         ``observations`` is what a text env returns: one list of ``{"role", "content"}``
-        messages, or a sequence of them (a vector env's batch).
+        messages, or a sequence of them (a vector env's batch). ``choices`` are the valid
+        replies for choice decoding (``env.reply_choices()``): one list for one conversation,
+        a list per conversation for a batch.
         """
         single = _is_conversation(observations)
         batch = [observations] if single else list(observations)  # type: ignore[list-item]
-        texts = self.generate(batch, greedy=greedy).texts
+        if single and choices is not None:
+            choices = [choices]  # type: ignore[list-item]
+        texts = self.generate(batch, greedy=greedy, choices=choices).texts  # type: ignore[arg-type]
         return texts[0] if single else texts
+
+    @property
+    def wants_choices(self) -> bool:
+        """Whether :meth:`generate` uses the envs' valid replies (``config.decoding``)."""
+        return self.config.decoding != "free"
+
+    def _uses_choices(self, choices: Sequence[Sequence[str] | None] | None, size: int) -> bool:
+        mode = self.config.decoding
+        if mode == "free":
+            return False
+        if choices is not None and len(choices) != size:
+            raise ValueError(f"Got {len(choices)} choice lists for {size} conversations")
+        if choices is None or any(c is None for c in choices):
+            if mode == "choices":
+                raise ValueError(
+                    "config.decoding='choices' needs the valid replies of every conversation: "
+                    "pass choices=env.reply_choices() (a vector env: envs.call('reply_choices')), "
+                    "or use decoding='auto' to fall back to free text"
+                )
+            return False
+        return True
+
+    def choice_ids(self, replies: Sequence[str]) -> list[list[int]]:
+        """Token ids the policy scores for each valid reply (cached per set of replies)."""
+        key = (self.config.reply_prefix, tuple(replies))
+        if key not in self._choice_cache:
+            eos = self.tokenizer.eos_token_id
+            self._choice_cache[key] = choice_token_ids(self.tokenizer, replies, key[0], eos)
+        return self._choice_cache[key]
+
+    def _choose(
+        self, prompts: list[list[int]], choices: Sequence[Sequence[str]], greedy: bool
+    ) -> Generation:
+        ids = [self.choice_ids(replies) for replies in choices]
+        config = self.config
+        scores = score_choices(
+            self._token_scorer,
+            prompts,
+            ids,
+            length_norm=config.choice_length_norm,
+            batch_size=config.choice_batch_size,
+        )
+        picks = scores.sample(greedy)
+        return Generation(
+            prompts,
+            [ids[b][k] for b, k in enumerate(picks)],
+            [choices[b][k] for b, k in enumerate(picks)],
+            choice_ids=ids,
+        )
 
     def _cut(self, tokens: list[int]) -> list[int]:
         """The tokens the model actually sampled: up to EOS or the first stop string (kept).
@@ -231,6 +308,7 @@ class PPOPolicy:
         prompts: Sequence[list[int]],
         responses: Sequence[list[int]],
         *,
+        choices: Sequence[list[list[int]] | None] | None = None,
         values: bool = True,
         with_entropy: bool = False,
         adapter: bool = True,
@@ -238,12 +316,58 @@ class PPOPolicy:
         """Per-token log-probs of ``responses`` given ``prompts`` and the value of each prompt.
 
         Log-probs use the sampling temperature, so they are those of the distribution that
-        generated the replies. With ``adapter=False`` the base model (the PPO reference) is
-        scored. Gradients flow when called outside ``torch.no_grad()``.
+        generated the replies. A row with ``choices`` (its choices' token ids; the response
+        is one of them) gets one log-prob, that of the response under the distribution over
+        its choices, in column 0 (entropy likewise). With ``adapter=False`` the base model
+        (the PPO reference) is scored. Gradients flow when called outside ``torch.no_grad()``.
         """
         if not adapter:
             with self.model.disable_adapter():
-                return self.score(prompts, responses, values=False, with_entropy=with_entropy)
+                return self.score(
+                    prompts, responses, choices=choices, values=False, with_entropy=with_entropy
+                )
+        picked = [b for b in range(len(prompts)) if choices is not None and choices[b] is not None]
+        if not picked:
+            return self._score_tokens(prompts, responses, values, with_entropy)
+        config = self.config
+        chosen_ids = [choices[b] for b in picked]  # type: ignore[index]
+        try:
+            chosen = [c.index(list(responses[b])) for b, c in zip(picked, chosen_ids, strict=True)]
+        except ValueError:
+            raise ValueError("A response is not one of its row's choices") from None
+        result = score_choices(
+            self._token_scorer,
+            [prompts[b] for b in picked],
+            chosen_ids,  # type: ignore[arg-type]
+            values=values,
+            length_norm=config.choice_length_norm,
+            batch_size=config.choice_batch_size,
+        )
+        logps = result.chosen(chosen)[:, None]
+        entropy_ = result.entropy()[:, None] if with_entropy else None
+        parts = [(picked, logps, torch.ones_like(logps), result.values, entropy_)]
+        free = [b for b in range(len(prompts)) if b not in set(picked)]
+        if free:
+            scores = self._score_tokens(
+                [prompts[b] for b in free], [responses[b] for b in free], values, with_entropy
+            )
+            parts.append((free, scores.logps, scores.mask, scores.values, scores.entropy))
+        logps, mask, value, ent = merge_rows(parts, len(prompts))
+        return Scores(logps=logps, mask=mask, values=value, entropy=ent)
+
+    def _token_scorer(
+        self, prompts: Sequence[list[int]], responses: Sequence[list[int]], values: bool
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        scores = self._score_tokens(prompts, responses, values, False)
+        return scores.logps, scores.mask, scores.values
+
+    def _score_tokens(
+        self,
+        prompts: Sequence[list[int]],
+        responses: Sequence[list[int]],
+        values: bool,
+        with_entropy: bool,
+    ) -> Scores:
         device = self.device
         reply_width = max(len(r) for r in responses)
         sequences = [list(p) + list(r) for p, r in zip(prompts, responses, strict=True)]

@@ -28,6 +28,8 @@ class Turn:
         bootstrap_ids: Prompt ids of the state after this turn when its value is needed for
             bootstrapping: a truncated turn, or the last turn of a stream whose episode is
             still running when the rollout ends.
+        choice_ids: With choice decoding, the token ids of every valid reply; the response is
+            one of them and the turn has a single log-prob (that of the choice).
     """
 
     prompt_ids: list[int]
@@ -37,6 +39,7 @@ class Turn:
     truncated: bool = False
     invalid: bool = False
     bootstrap_ids: list[int] | None = None
+    choice_ids: list[list[int]] | None = None
     # Filled by scoring: per-token log-probs (T,) under the rollout policy and the reference,
     # the value of the prompt and, for bootstrapped turns, the value of bootstrap_ids.
     old_logps: torch.Tensor | None = None
@@ -53,6 +56,11 @@ class Turn:
             raise ValueError("A turn needs at least one response token")
         if not self.prompt_ids:
             raise ValueError("A turn needs at least one prompt token")
+
+    @property
+    def scored_tokens(self) -> int:
+        """Log-probs PPO keeps for this turn: one per reply token, or one for a choice."""
+        return 1 if self.choice_ids is not None else len(self.response_ids)
 
     @property
     def done(self) -> bool:

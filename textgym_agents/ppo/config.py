@@ -46,6 +46,18 @@ class PPOConfig:
         "", "Text every reply starts with (assistant prefill); the env receives prefix + reply."
     )
     stop_strings: list[str] = _help([], "Generation stops after any of these (kept in the reply).")
+    decoding: str = _help(
+        "free",
+        "How replies are produced: 'free' samples text that the env parses; 'choices' scores "
+        "every valid reply the env lists (reply_choices()) and samples one, so none is invalid; "
+        "'auto' uses choices where the env lists them and free text elsewhere.",
+    )
+    choice_length_norm: bool = _help(
+        False, "Choices: rank replies by mean token log-prob instead of the sum (TWOSOME)."
+    )
+    choice_batch_size: int = _help(
+        64, "Choices: (prompt, reply) sequences per forward pass when scoring choices."
+    )
     # --- rollout ----------------------------------------------------------------------------
     num_steps: int = _help(
         8, "Env steps per env per update; a batch is num_envs * num_steps turns."
@@ -81,7 +93,7 @@ class PPOConfig:
 
     def __post_init__(self) -> None:
         positive_ints = ["max_new_tokens", "num_steps", "num_epochs", "minibatch_size"]
-        positive_ints += ["micro_batch_size", "kl_horizon", "keep_checkpoints"]
+        positive_ints += ["micro_batch_size", "kl_horizon", "keep_checkpoints", "choice_batch_size"]
         for name in positive_ints:
             value = getattr(self, name)
             _check(self, name, _integer(value) and value >= 1, "an int >= 1")
@@ -100,6 +112,8 @@ class PPOConfig:
         for name in ["clip_range_value", "target_kl"]:
             value = getattr(self, name)
             _check(self, name, value is None or (_number(value) and value > 0), "> 0 or None")
+        modes = ("free", "choices", "auto")
+        _check(self, "decoding", self.decoding in modes, f"one of {modes}")
         estimators = ("k1", "k3", "abs", "mse")
         _check(self, "kl_estimator", self.kl_estimator in estimators, f"one of {estimators}")
         _check(self, "reply_prefix", isinstance(self.reply_prefix, str), "a str")

@@ -17,7 +17,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 
 from textgym_agents.ppo.buffer import RolloutBuffer, Turn
 
-__all__ = ["EpisodeStats", "RolloutCollector", "as_vector_env"]
+__all__ = ["EpisodeStats", "RolloutCollector", "as_vector_env", "reply_choices"]
 
 
 def as_vector_env(env: gym.Env[Any, Any] | VectorEnv) -> VectorEnv:
@@ -27,6 +27,16 @@ def as_vector_env(env: gym.Env[Any, Any] | VectorEnv) -> VectorEnv:
     if isinstance(env, gym.Env):
         return gym.vector.SyncVectorEnv([lambda: env])
     raise TypeError(f"Expected a gymnasium Env or VectorEnv, got {type(env).__name__}")
+
+
+def reply_choices(envs: VectorEnv) -> list[list[str] | None] | None:
+    """Each env's valid replies (``reply_choices()`` of a text env), or None if none lists any."""
+    try:
+        results = envs.call("reply_choices")
+    except AttributeError:  # not a textgym env: free text only
+        return None
+    choices = [None if c is None else list(c) for c in results]
+    return choices if any(c is not None for c in choices) else None
 
 
 @dataclass
@@ -71,6 +81,7 @@ class RolloutCollector:
         # Once an env reports is_success, an episode that ends without it (cut short by
         # invalid replies, say) counts as a failure rather than being left out.
         self.reports_success = False
+        self.choices = reply_choices(envs)  # for choice decoding; fixed per env
 
     def reset(self, seed: int | None = None) -> None:
         """Start fresh episodes in every env."""
@@ -90,7 +101,10 @@ class RolloutCollector:
             active = [i for i in range(self.envs.num_envs) if not self.resetting[i]]
             # A step in which every env only resets generates nothing and does not count.
             steps += bool(active)
-            generation = policy.generate([self.observations[i] for i in active])
+            kwargs = {}
+            if self.choices and getattr(policy, "wants_choices", False):
+                kwargs["choices"] = [self.choices[i] for i in active]
+            generation = policy.generate([self.observations[i] for i in active], **kwargs)
             actions = [""] * self.envs.num_envs  # ignored by envs that are resetting
             for k, i in enumerate(active):
                 actions[i] = generation.texts[k]
@@ -104,6 +118,7 @@ class RolloutCollector:
                     terminated=bool(terminations[i]),
                     truncated=bool(truncations[i]) and not bool(terminations[i]),
                     invalid=bool(_info_at(infos, "invalid", i) or False),
+                    choice_ids=generation.choice_ids[k] if generation.choice_ids else None,
                 )
                 if turn.truncated:
                     final = observations[i]

@@ -149,11 +149,14 @@ class PPOTrainer:
             for micro in minibatch:
                 prompts = [turns[i].prompt_ids for i in micro]
                 responses = [turns[i].response_ids for i in micro]
-                scores = policy.score(prompts, responses, values=True)
+                choices = [turns[i].choice_ids for i in micro]
+                scores = policy.score(prompts, responses, choices=choices, values=True)
                 # Without a KL penalty the reference is never used: skip its forward pass.
-                ref = policy.score(prompts, responses, adapter=False) if self._uses_kl else scores
+                ref = scores
+                if self._uses_kl:
+                    ref = policy.score(prompts, responses, choices=choices, adapter=False)
                 for row, i in enumerate(micro):
-                    n = len(turns[i].response_ids)
+                    n = turns[i].scored_tokens
                     turns[i].old_logps = scores.logps[row, :n].cpu()
                     turns[i].ref_logps = ref.logps[row, :n].cpu()
                     turns[i].value = float(scores.values[row])
@@ -209,7 +212,7 @@ class PPOTrainer:
             order = first_order if epoch == 0 else self.rng.permutation(len(turns))
             for minibatch in self._batches(order, turns):
                 self.optimizer.zero_grad(set_to_none=True)
-                tokens = sum(len(turns[i].response_ids) for micro in minibatch for i in micro)
+                tokens = sum(turns[i].scored_tokens for micro in minibatch for i in micro)
                 size = sum(len(micro) for micro in minibatch)
                 step_stats: dict[str, float] = {}
                 for micro in minibatch:
@@ -245,11 +248,14 @@ class PPOTrainer:
         """Forward + backward of one micro-batch, weighted so the minibatch sums to means."""
         config, device = self.config, self.policy.device
         scores = self.policy.score(
-            [t.prompt_ids for t in turns], [t.response_ids for t in turns], with_entropy=True
+            [t.prompt_ids for t in turns],
+            [t.response_ids for t in turns],
+            choices=[t.choice_ids for t in turns],
+            with_entropy=True,
         )
         old = torch.zeros_like(scores.logps)
         for row, turn in enumerate(turns):
-            old[row, : len(turn.response_ids)] = turn.old_logps.to(device)
+            old[row, : turn.scored_tokens] = turn.old_logps.to(device)
         advantages = torch.tensor([t.advantage for t in turns], device=device)
         pg_loss, pg_stats = core.policy_loss(
             scores.logps, old, advantages, scores.mask, config.clip_range

@@ -1,0 +1,245 @@
+"""Choice decoding: every reply is one of the env's valid replies, and PPO trains on it."""
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+import textgym  # noqa: F401
+from textgym import TextEnvWrapper
+from textgym.parsers import ActionParseError, ActionParser
+from textgym_agents import PPOConfig, PPOPolicy, PPOTrainer, evaluate
+from textgym_agents.choices import choice_token_ids, score_choices
+from textgym_agents.ppo import core
+from textgym_agents.ppo.rollout import reply_choices
+from textgym_agents.testing import tiny_model, word_tokenizer
+
+WORDS = ["yes", "no", "maybe", "red", "green", "blue", "gray", "choose"]
+
+
+class WordParser(ActionParser):
+    """Bare words as actions, so the word-level test tokenizer can spell every choice."""
+
+    def __init__(self, words):
+        self.words = list(words)
+
+    def parse(self, text):
+        if text.strip() not in self.words:
+            raise ActionParseError(f"expected one of {self.words}")
+        return self.words.index(text.strip())
+
+    def instructions(self):
+        return "answer"
+
+    def choices(self):
+        return list(self.words)
+
+
+class PayingChoice(gym.Env):
+    """One-step bandit: action 1 ("yes") pays 1, action 0 ("no") pays 0."""
+
+    observation_space = gym.spaces.Discrete(4)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.obs = int(self.np_random.integers(4))
+        return self.obs, {}
+
+    def step(self, action):
+        return self.obs, float(action == 1), True, False, {"is_success": bool(action == 1)}
+
+
+def paying_env():
+    return TextEnvWrapper(
+        PayingChoice(),
+        formatter=lambda obs, info: f"{WORDS[3 + obs]} choose",
+        parser=WordParser(["no", "yes"]),
+        system_prompt="answer",
+    )
+
+
+def blackjack_policy(**overrides):
+    values = dict(num_steps=2, minibatch_size=8, micro_batch_size=4, decoding="choices", seed=0)
+    values.update(overrides)
+    return PPOPolicy(*tiny_model(), config=PPOConfig(**values))
+
+
+def conversation(text="hit or stick?"):
+    return [{"role": "system", "content": "play"}, {"role": "user", "content": text}]
+
+
+def test_choice_token_ids_reject_bad_choice_sets():
+    tokenizer = word_tokenizer(["go", "left", "right"])
+    with pytest.raises(ValueError, match="does not start with the reply prefix"):
+        choice_token_ids(tokenizer, ["left"], "go ", 2)
+    with pytest.raises(ValueError, match="same tokens"):
+        choice_token_ids(tokenizer, ["left", "left"], "", 2)
+    with pytest.raises(ValueError, match="at least one"):
+        choice_token_ids(tokenizer, [], "", 2)
+
+
+def test_probabilities_sum_to_one_and_chunking_does_not_change_them():
+    policy = blackjack_policy()
+    prompts = [policy.encode(conversation(t)) for t in ["a", "bb", "a longer question"]]
+    choices = [
+        policy.choice_ids(["stick", "hit"]),
+        policy.choice_ids(["left", "down", "right", "up"]),
+        policy.choice_ids(["x"]),
+    ]
+    with torch.no_grad():
+        whole = score_choices(policy._token_scorer, prompts, choices, values=True)
+        chunked = score_choices(
+            policy._token_scorer, prompts, choices, values=True, batch_size=1
+        )
+    for row, other, options in zip(whole.logps, chunked.logps, choices, strict=True):
+        assert row.shape == (len(options),)
+        assert torch.isclose(row.exp().sum(), torch.tensor(1.0), atol=1e-5)
+        torch.testing.assert_close(row, other, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(whole.values, chunked.values, atol=1e-5, rtol=1e-5)
+    with torch.no_grad():
+        plain_values = policy.prompt_values(prompts)
+    torch.testing.assert_close(whole.values, plain_values, atol=1e-5, rtol=1e-5)
+
+
+def test_generate_picks_only_valid_replies():
+    policy = blackjack_policy()
+    options = ['{"action": "stick"}', '{"action": "hit"}']
+    batch = [conversation("a"), conversation("b"), conversation("c")]
+    generation = policy.generate(batch, choices=[options] * 3)
+    assert all(text in options for text in generation.texts)
+    assert generation.choice_ids is not None
+    for response, ids in zip(generation.response_ids, generation.choice_ids, strict=True):
+        assert response in ids
+    # greedy picks the most likely choice of each row
+    greedy = policy.generate(batch, choices=[options] * 3, greedy=True)
+    with torch.no_grad():
+        scores = score_choices(policy._token_scorer, greedy.prompt_ids, greedy.choice_ids)
+    assert greedy.texts == [options[int(row.argmax())] for row in scores.logps]
+    # act: one conversation takes one list of choices
+    assert policy.act(conversation(), choices=options) in options
+
+
+def test_modes_without_choices():
+    with pytest.raises(ValueError, match="needs the valid replies"):
+        blackjack_policy().act(conversation())
+    auto = blackjack_policy(decoding="auto", max_new_tokens=3)
+    assert isinstance(auto.act(conversation()), str)  # falls back to free text
+    free = blackjack_policy(decoding="free", max_new_tokens=3)
+    reply = free.act(conversation(), choices=["zzz"])
+    assert reply != "zzz" or len(free.tokenizer.encode(reply)) <= 3  # choices ignored
+    with pytest.raises(ValueError, match="decoding must be one of"):
+        PPOConfig(decoding="beam")
+
+
+def test_reply_prefix_is_not_scored():
+    policy = blackjack_policy(reply_prefix='{"action": "')
+    ids = policy.choice_ids(['{"action": "stick"}', '{"action": "hit"}'])
+    tokenizer = policy.tokenizer
+    assert [tokenizer.decode(i) for i in ids] == ['stick"}<|im_end|>', 'hit"}<|im_end|>']
+    reply = policy.act(conversation(), choices=['{"action": "stick"}', '{"action": "hit"}'])
+    assert reply in ('{"action": "stick"}', '{"action": "hit"}')
+
+
+def test_vector_env_lists_its_choices():
+    envs = gym.make_vec("textgym/Blackjack-v1", num_envs=2)
+    assert reply_choices(envs) == [['{"action": "stick"}', '{"action": "hit"}']] * 2
+    assert reply_choices(gym.make_vec("CartPole-v1", num_envs=2)) is None
+
+
+def test_mixed_rows_score_like_separate_calls():
+    policy = blackjack_policy()
+    prompts = [policy.encode(conversation(t)) for t in ["a", "b", "c"]]
+    options = policy.choice_ids(["stick", "hit"])
+    free_reply = policy.tokenizer.encode("maybe later", add_special_tokens=False)
+    responses = [options[1], free_reply, options[0]]
+    with torch.no_grad():
+        mixed = policy.score(prompts, responses, choices=[options, None, options])
+        alone = policy.score(prompts[1:2], responses[1:2])
+        chosen = policy.score(
+            [prompts[0], prompts[2]], [options[1], options[0]], choices=[options, options]
+        )
+    assert mixed.logps.shape == (3, len(free_reply))
+    torch.testing.assert_close(mixed.logps[1], alone.logps[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(mixed.logps[[0, 2], :1], chosen.logps, atol=1e-5, rtol=1e-5)
+    assert mixed.mask[0].tolist() == [1] + [0] * (len(free_reply) - 1)
+    with pytest.raises(ValueError, match="not one of"):
+        policy.score(prompts[:1], [free_reply], choices=[options])
+
+
+def test_training_with_choices_ratio_one_no_invalid_and_lora_gradients(monkeypatch):
+    policy = blackjack_policy()
+    calls = []
+    original = core.policy_loss
+
+    def spy(new, old, *args, **kwargs):
+        calls.append((new.detach().clone(), old.clone(), args[1].clone()))
+        return original(new, old, *args, **kwargs)
+
+    monkeypatch.setattr(core, "policy_loss", spy)
+    lora_before = {n: p.detach().clone() for n, p in policy.model.named_parameters() if "lora_" in n}
+    trainer = PPOTrainer(policy, gym.make_vec("textgym/Blackjack-v1", num_envs=4))
+    buffer = trainer.collect()
+    assert all(t.choice_ids is not None and t.scored_tokens == 1 for t in buffer)
+    metrics = trainer.update(buffer)
+    assert metrics["env/invalid_rate"] == 0.0
+    new, old, mask = calls[0]
+    assert new.shape[1] == 1 and mask.sum() == new.shape[0]
+    assert torch.equal(new, old)  # bit-identical on the first minibatch
+    named = dict(policy.model.named_parameters())
+    assert any(not torch.equal(named[n], p) for n, p in lora_before.items())
+    assert 0.0 <= metrics["policy/entropy"] <= np.log(2) + 1e-6
+
+
+def test_kl_to_reference_with_choices():
+    policy = blackjack_policy(kl_coef=0.1)
+    trainer = PPOTrainer(policy, gym.make_vec("textgym/Blackjack-v1", num_envs=4))
+    first = trainer.update(trainer.collect())
+    assert first["objective/kl"] == 0.0
+    for _ in range(2):
+        trainer.update(trainer.collect())
+    buffer = trainer.collect()
+    trainer._score(buffer.turns(), np.arange(len(buffer)))
+    trainer._advantages(buffer)
+    assert any(abs(t.kl) > 0 for t in buffer)
+
+
+def test_evaluate_with_choices_has_no_invalid_replies():
+    result = evaluate(blackjack_policy(), gym.make("textgym/Blackjack-v1"), n_episodes=8)
+    assert result["invalid_rate"] == 0.0
+
+
+def test_policy_learns_to_prefer_paying_choice():
+    """With choices, a tiny model learns that "yes" pays: > 90% of greedy replies."""
+    model, tokenizer = tiny_model(word_tokenizer(WORDS), tie_word_embeddings=False)
+    with torch.no_grad():  # a near-uniform start: both replies are sampled at first
+        model.lm_head.weight.mul_(0.1)
+    config = PPOConfig(
+        num_steps=1,
+        minibatch_size=16,
+        micro_batch_size=16,
+        num_epochs=4,
+        learning_rate=1e-2,
+        kl_coef=0.0,
+        decoding="choices",
+        seed=0,
+    )
+    policy = PPOPolicy(model, tokenizer, config=config)
+    envs = gym.vector.SyncVectorEnv([paying_env for _ in range(16)])
+    trainer = PPOTrainer(policy, envs)
+    prompts = [paying_env().reset(seed=seed)[0] for seed in range(16)]
+    options = [["no", "yes"]] * len(prompts)
+
+    def greedy_yes_rate():
+        return np.mean([r == "yes" for r in policy.act(prompts, greedy=True, choices=options)])
+
+    history = []
+    for _ in range(20):
+        metrics = trainer.step()
+        assert metrics["env/invalid_rate"] == 0.0
+        history.append((metrics["env/success_rate"], greedy_yes_rate()))
+        if history[-1][0] > 0.8 and history[-1][1] > 0.9:
+            break
+    assert history[-1][1] > 0.9, history
+    assert history[-1][0] > 0.8, history
+    assert history[0][0] < 0.75, history  # it did not start out knowing

@@ -1,0 +1,161 @@
+"""Choice decoding: score every valid reply and sample one, so no reply is ever invalid.
+
+For a finite action set the env lists its valid replies (``env.reply_choices()``). Each one is
+tokenised once (minus the reply prefix, plus EOS so that no choice is a prefix of another),
+appended to the prompt and scored in batched forward passes; the turn's distribution is the
+softmax of the choices' summed (or mean, TWOSOME-style) token log-probs. PPO uses the log of
+that normalised probability, and the update recomputes it the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["ChoiceScores", "choice_token_ids", "score_choices"]
+
+# (prompts, responses, values) -> (per-token log-probs (N, T), mask (N, T), values (N,) | None)
+TokenScorer = Callable[
+    [Sequence[list[int]], Sequence[list[int]], bool],
+    tuple[torch.Tensor, torch.Tensor, torch.Tensor | None],
+]
+
+
+def choice_token_ids(
+    tokenizer: object, replies: Sequence[str], prefix: str, eos_id: int | None
+) -> list[list[int]]:
+    """Token ids of each reply after the reply prefix, EOS appended.
+
+    Example:
+        >>> from textgym_agents.testing import word_tokenizer
+        >>> tokenizer = word_tokenizer(["go", "left", "right"])
+        >>> ids = choice_token_ids(tokenizer, ["go left", "go right"], "go ", 2)
+        >>> [tokenizer.convert_ids_to_tokens(i) for i in ids]
+        [['left', '<|im_end|>'], ['right', '<|im_end|>']]
+    """
+    result = []
+    for reply in replies:
+        if not reply.startswith(prefix):
+            raise ValueError(
+                f"The choice {reply!r} does not start with the reply prefix {prefix!r}; with "
+                "choice decoding every valid reply must begin with config.reply_prefix"
+            )
+        ids = list(tokenizer.encode(reply[len(prefix) :], add_special_tokens=False))  # type: ignore[attr-defined]
+        if eos_id is not None:
+            ids.append(eos_id)
+        if not ids:
+            raise ValueError(f"The choice {reply!r} is empty after the reply prefix")
+        result.append(ids)
+    if not result:
+        raise ValueError("Choice decoding needs at least one valid reply, got none")
+    if len({tuple(ids) for ids in result}) != len(result):
+        raise ValueError(f"Two choices have the same tokens: {list(replies)}")
+    return result
+
+
+@dataclass
+class ChoiceScores:
+    """Distributions over each prompt's choices.
+
+    Attributes:
+        logps: One (K,) tensor per prompt: log-probability of each choice (sums to 1 in
+            probability space).
+        values: (B,) value of each prompt, when asked for.
+    """
+
+    logps: list[torch.Tensor]
+    values: torch.Tensor | None
+
+    def chosen(self, index: Sequence[int]) -> torch.Tensor:
+        """(B,) log-probability of the chosen choice of each prompt."""
+        return torch.stack([row[k] for row, k in zip(self.logps, index, strict=True)])
+
+    def entropy(self) -> torch.Tensor:
+        """(B,) entropy of each prompt's distribution over its choices."""
+        return torch.stack([-(row.exp() * row).sum() for row in self.logps])
+
+    def sample(self, greedy: bool, generator: torch.Generator | None = None) -> list[int]:
+        """Index of one choice per prompt: the most likely, or drawn from the distribution."""
+        if greedy:
+            return [int(row.argmax()) for row in self.logps]
+        return [
+            int(torch.multinomial(row.detach().float().exp().cpu(), 1, generator=generator))
+            for row in self.logps
+        ]
+
+
+def score_choices(
+    scorer: TokenScorer,
+    prompts: Sequence[list[int]],
+    choices: Sequence[Sequence[list[int]]],
+    *,
+    values: bool = False,
+    length_norm: bool = False,
+    batch_size: int = 64,
+) -> ChoiceScores:
+    """Score every choice of every prompt, ``batch_size`` (prompt, choice) rows per forward.
+
+    Rows are laid out prompt by prompt, so a forward that holds all choices of one prompt
+    runs that prompt once (it is the rows' shared prefix) and each choice on top of it.
+    Gradients flow when called outside ``torch.no_grad()``.
+
+    Args:
+        scorer: Per-token log-probs of responses given prompts (and prompt values).
+        prompts: Prompt token ids.
+        choices: For each prompt, the token ids of its choices.
+        values: Also return the value of each prompt.
+        length_norm: Rank choices by mean token log-prob instead of the sum.
+        batch_size: Rows per forward pass.
+    """
+    if len(prompts) != len(choices):
+        raise ValueError(f"Got {len(prompts)} prompts but {len(choices)} choice lists")
+    rows = [(b, k) for b, options in enumerate(choices) for k in range(len(options))]
+    totals, row_values = [], []
+    for start in range(0, len(rows), batch_size):
+        part = rows[start : start + batch_size]
+        logps, mask, value = scorer(
+            [prompts[b] for b, _ in part], [choices[b][k] for b, k in part], values
+        )
+        total = (logps * mask).sum(dim=1)
+        totals.append(total / mask.sum(dim=1) if length_norm else total)
+        if value is not None:
+            row_values.append(value)
+    sizes = [len(options) for options in choices]
+    logps = [row.log_softmax(dim=0) for row in torch.cat(totals).split(sizes)]
+    prompt_values = None
+    if values:
+        firsts = torch.tensor([0, *sizes[:-1]]).cumsum(0).to(row_values[0].device)
+        prompt_values = torch.cat(row_values)[firsts]
+    return ChoiceScores(logps, prompt_values)
+
+
+Part = tuple[list[int], torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]
+
+
+def merge_rows(
+    parts: Sequence[Part], size: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Put row groups scored apart back in batch order (differentiably).
+
+    Each part is ``(rows, logps (n, T), mask (n, T), values (n,) | None, entropy | None)``;
+    widths are padded to the widest part. Returns the merged logps, mask, values, entropy.
+    """
+    width = max(part[1].shape[1] for part in parts)
+    rows = [b for part in parts for b in part[0]]
+    if sorted(rows) != list(range(size)):
+        raise ValueError("The parts must cover every row exactly once")
+    inverse = torch.empty(size, dtype=torch.long)
+    inverse[torch.tensor(rows)] = torch.arange(size)
+    inverse = inverse.to(parts[0][1].device)
+
+    def merged(index: int, pad: bool) -> torch.Tensor | None:
+        tensors = [part[index] for part in parts]
+        if any(t is None for t in tensors):
+            return None
+        if pad:
+            tensors = [torch.nn.functional.pad(t, (0, width - t.shape[1])) for t in tensors]
+        return torch.cat(tensors).index_select(0, inverse)
+
+    return merged(1, True), merged(2, True), merged(3, False), merged(4, True)  # type: ignore[return-value]
