@@ -89,9 +89,7 @@ def test_probabilities_sum_to_one_and_chunking_does_not_change_them():
     ]
     with torch.no_grad():
         whole = score_choices(policy._token_scorer, prompts, choices, values=True)
-        chunked = score_choices(
-            policy._token_scorer, prompts, choices, values=True, batch_size=1
-        )
+        chunked = score_choices(policy._token_scorer, prompts, choices, values=True, batch_size=1)
     for row, other, options in zip(whole.logps, chunked.logps, choices, strict=True):
         assert row.shape == (len(options),)
         assert torch.isclose(row.exp().sum(), torch.tensor(1.0), atol=1e-5)
@@ -177,7 +175,8 @@ def test_training_with_choices_ratio_one_no_invalid_and_lora_gradients(monkeypat
         return original(new, old, *args, **kwargs)
 
     monkeypatch.setattr(core, "policy_loss", spy)
-    lora_before = {n: p.detach().clone() for n, p in policy.model.named_parameters() if "lora_" in n}
+    named = policy.model.named_parameters()
+    lora_before = {n: p.detach().clone() for n, p in named if "lora_" in n}
     trainer = PPOTrainer(policy, gym.make_vec("textgym/Blackjack-v1", num_envs=4))
     buffer = trainer.collect()
     assert all(t.choice_ids is not None and t.scored_tokens == 1 for t in buffer)
