@@ -1,8 +1,8 @@
 """``PPOPolicy``: chat messages in, reply text out — an LLM with a LoRA adapter and a value head.
 
 The policy only sees text, so it works with every textgym env. Generation is batched (left
-padding, KV cache); scoring runs prompt + reply through the model once (right padding) and
-reads log-probs of the reply tokens and the value of the last prompt token.
+padding, KV cache) or, with choice decoding, picks one of the env's valid replies by scoring
+them all; scoring for training lives in :mod:`textgym_agents.scoring`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from textgym_agents.checkpoint import (
     load_tensors,
     save_tensors,
 )
-from textgym_agents.choices import choice_token_ids, merge_rows, score_choices
+from textgym_agents.choices import choice_token_ids, score_choices
 from textgym_agents.models import (
     ValueHead,
     attach_lora,
@@ -33,8 +33,8 @@ from textgym_agents.models import (
     load_model,
 )
 from textgym_agents.ppo.config import PPOConfig
-from textgym_agents.ppo.core import entropy, logprobs_from_logits
-from textgym_agents.prefix import decoder_hidden_states, generation_inputs
+from textgym_agents.prefix import generation_inputs
+from textgym_agents.scoring import PolicyScoring, Scores
 
 __all__ = ["Generation", "PPOPolicy", "Scores"]
 
@@ -55,17 +55,7 @@ class Generation:
     choice_ids: list[list[list[int]]] | None = None
 
 
-@dataclass
-class Scores:
-    """Output of one scoring forward pass over (prompt, response) pairs."""
-
-    logps: torch.Tensor  # (B, T) per-token log-probs of the response tokens
-    mask: torch.Tensor  # (B, T) 1 for response tokens, 0 for padding
-    values: torch.Tensor | None  # (B,) value of each prompt
-    entropy: torch.Tensor | None  # (B, T)
-
-
-class PPOPolicy:
+class PPOPolicy(PolicyScoring):
     """A causal LM with a LoRA adapter and a value head that maps chat messages to replies.
 
     Example:
@@ -144,11 +134,6 @@ class PPOPolicy:
             "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
         }
         return cls(model, tokenizer, config=config, lora=lora, base_info=info)
-
-    @property
-    def device(self) -> torch.device:
-        """Device of the model."""
-        return next(self.model.parameters()).device
 
     # --- text in, text out -------------------------------------------------------------------
 
@@ -300,126 +285,6 @@ class PPOPolicy:
             if token in self.eos_ids:
                 return tokens[: i + 1]
         return tokens
-
-    # --- scoring ---------------------------------------------------------------------------
-
-    def score(
-        self,
-        prompts: Sequence[list[int]],
-        responses: Sequence[list[int]],
-        *,
-        choices: Sequence[list[list[int]] | None] | None = None,
-        values: bool = True,
-        with_entropy: bool = False,
-        adapter: bool = True,
-    ) -> Scores:
-        """Per-token log-probs of ``responses`` given ``prompts`` and the value of each prompt.
-
-        Log-probs use the sampling temperature, so they are those of the distribution that
-        generated the replies. A row with ``choices`` (its choices' token ids; the response
-        is one of them) gets one log-prob, that of the response under the distribution over
-        its choices, in column 0 (entropy likewise). With ``adapter=False`` the base model
-        (the PPO reference) is scored. Gradients flow when called outside ``torch.no_grad()``.
-        """
-        if not adapter:
-            with self.model.disable_adapter():
-                return self.score(
-                    prompts, responses, choices=choices, values=False, with_entropy=with_entropy
-                )
-        picked = [b for b in range(len(prompts)) if choices is not None and choices[b] is not None]
-        if not picked:
-            return self._score_tokens(prompts, responses, values, with_entropy)
-        config = self.config
-        chosen_ids = [choices[b] for b in picked]  # type: ignore[index]
-        try:
-            chosen = [c.index(list(responses[b])) for b, c in zip(picked, chosen_ids, strict=True)]
-        except ValueError:
-            raise ValueError("A response is not one of its row's choices") from None
-        result = score_choices(
-            self._token_scorer,
-            [prompts[b] for b in picked],
-            chosen_ids,  # type: ignore[arg-type]
-            values=values,
-            length_norm=config.choice_length_norm,
-            batch_size=config.choice_batch_size,
-        )
-        logps = result.chosen(chosen)[:, None]
-        entropy_ = result.entropy()[:, None] if with_entropy else None
-        parts = [(picked, logps, torch.ones_like(logps), result.values, entropy_)]
-        free = [b for b in range(len(prompts)) if b not in set(picked)]
-        if free:
-            scores = self._score_tokens(
-                [prompts[b] for b in free], [responses[b] for b in free], values, with_entropy
-            )
-            parts.append((free, scores.logps, scores.mask, scores.values, scores.entropy))
-        logps, mask, value, ent = merge_rows(parts, len(prompts))
-        return Scores(logps=logps, mask=mask, values=value, entropy=ent)
-
-    def _token_scorer(
-        self, prompts: Sequence[list[int]], responses: Sequence[list[int]], values: bool
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        scores = self._score_tokens(prompts, responses, values, False)
-        return scores.logps, scores.mask, scores.values
-
-    def _score_tokens(
-        self,
-        prompts: Sequence[list[int]],
-        responses: Sequence[list[int]],
-        values: bool,
-        with_entropy: bool,
-    ) -> Scores:
-        device = self.device
-        reply_width = max(len(r) for r in responses)
-        sequences = [list(p) + list(r) for p, r in zip(prompts, responses, strict=True)]
-        # The logits at position i predict token i + 1, so a reply is read from the last
-        # prompt position on; the shared prefix must end before every such position.
-        hidden, offset = self._hidden_states(sequences, max_shared=min(len(p) for p in prompts) - 1)
-        width = hidden.shape[1]
-        positions = torch.zeros((len(prompts), reply_width), dtype=torch.long)
-        labels = torch.zeros((len(prompts), reply_width), dtype=torch.long)
-        mask = torch.zeros((len(prompts), reply_width))
-        for row, (prompt, response) in enumerate(zip(prompts, responses, strict=True)):
-            start = len(prompt) - 1 - offset
-            positions[row] = torch.arange(start, start + reply_width).clamp(max=width - 1)
-            labels[row, : len(response)] = torch.tensor(response)
-            mask[row, : len(response)] = 1
-        positions = positions.to(device)
-        reply_hidden = hidden.gather(1, positions[..., None].expand(-1, -1, hidden.shape[-1]))
-        logits = self._lm_head()(reply_hidden).float()  # (B, T, V)
-        temperature = self.config.temperature
-        logps = logprobs_from_logits(logits, labels.to(device), temperature=temperature)
-        value = None
-        if values:
-            value = self.value_head(hidden[torch.arange(len(prompts)), positions[:, 0]]).float()
-        ent = entropy(logits, temperature=temperature) if with_entropy else None
-        return Scores(logps=logps, mask=mask.to(device), values=value, entropy=ent)
-
-    def prompt_values(self, prompts: Sequence[list[int]]) -> torch.Tensor:
-        """Value of each prompt (no reply), for bootstrapping."""
-        hidden, offset = self._hidden_states(prompts, max_shared=min(len(p) for p in prompts) - 1)
-        last = torch.tensor([len(p) - 1 - offset for p in prompts], device=self.device)
-        return self.value_head(hidden[torch.arange(len(prompts)), last]).float()
-
-    def _causal_lm(self) -> nn.Module:
-        return self.model.get_base_model()
-
-    def _lm_head(self) -> nn.Module:
-        return self._causal_lm().get_output_embeddings()
-
-    def _hidden_states(
-        self, sequences: Sequence[list[int]], *, max_shared: int
-    ) -> tuple[torch.Tensor, int]:
-        # The decoder alone: logits are computed for reply positions only, not the whole
-        # sequence, which saves a (B, L, vocab) tensor per forward.
-        lm = self._causal_lm()
-        decoder = getattr(lm, lm.base_model_prefix)
-        pad = self.tokenizer.pad_token_id
-        return decoder_hidden_states(decoder, sequences, pad=pad, max_shared=max_shared)
-
-    def trainable_parameters(self) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
-        """(LoRA parameters, value-head parameters)."""
-        lora = [p for p in self.model.parameters() if p.requires_grad]
-        return lora, list(self.value_head.parameters())
 
     # --- training ----------------------------------------------------------------------------
 

@@ -208,8 +208,10 @@ def test_evaluate_with_choices_has_no_invalid_replies():
     assert result["invalid_rate"] == 0.0
 
 
-def test_policy_learns_to_prefer_paying_choice():
+@pytest.mark.parametrize("seed", [0, 1])
+def test_policy_learns_to_prefer_paying_choice(seed):
     """With choices, a tiny model learns that "yes" pays: > 90% of greedy replies."""
+    torch.manual_seed(seed)  # choices are sampled with torch's generator
     model, tokenizer = tiny_model(word_tokenizer(WORDS), tie_word_embeddings=False)
     with torch.no_grad():  # a near-uniform start: both replies are sampled at first
         model.lm_head.weight.mul_(0.1)
@@ -229,6 +231,14 @@ def test_policy_learns_to_prefer_paying_choice():
     prompts = [paying_env().reset(seed=seed)[0] for seed in range(16)]
     options = [["no", "yes"]] * len(prompts)
 
+    def yes_probability():
+        ids = [policy.choice_ids(o) for o in options]
+        with torch.no_grad():
+            scores = score_choices(policy._token_scorer, [policy.encode(p) for p in prompts], ids)
+        return float(scores.chosen([1] * len(prompts)).exp().mean())
+
+    assert 0.25 < yes_probability() < 0.75  # it did not start out knowing
+
     def greedy_yes_rate():
         return np.mean([r == "yes" for r in policy.act(prompts, greedy=True, choices=options)])
 
@@ -241,4 +251,4 @@ def test_policy_learns_to_prefer_paying_choice():
             break
     assert history[-1][1] > 0.9, history
     assert history[-1][0] > 0.8, history
-    assert history[0][0] < 0.75, history  # it did not start out knowing
+    assert yes_probability() > 0.9
