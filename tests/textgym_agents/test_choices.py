@@ -139,10 +139,15 @@ def test_reply_prefix_is_not_scored():
     assert reply in ('{"action": "stick"}', '{"action": "hit"}')
 
 
-def test_vector_env_lists_its_choices():
-    envs = gym.make_vec("textgym/Blackjack-v1", num_envs=2)
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_vector_env_lists_its_choices(mode):
+    envs = gym.make_vec("textgym/Blackjack-v1", num_envs=2, vectorization_mode=mode)
     assert reply_choices(envs) == [['{"action": "stick"}', '{"action": "hit"}']] * 2
-    assert reply_choices(gym.make_vec("CartPole-v1", num_envs=2)) is None
+    envs.close()
+    plain = gym.make_vec("CartPole-v1", num_envs=2, vectorization_mode=mode)
+    assert reply_choices(plain) is None
+    plain.reset(seed=0)  # still usable: the workers were not asked for what they lack
+    plain.close()
 
 
 def test_mixed_rows_score_like_separate_calls():

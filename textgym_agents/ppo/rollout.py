@@ -15,6 +15,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 
+from textgym.spaces import ChatMessages
 from textgym_agents.ppo.buffer import RolloutBuffer, Turn
 
 __all__ = ["EpisodeStats", "RolloutCollector", "as_vector_env", "reply_choices"]
@@ -30,10 +31,16 @@ def as_vector_env(env: gym.Env[Any, Any] | VectorEnv) -> VectorEnv:
 
 
 def reply_choices(envs: VectorEnv) -> list[list[str] | None] | None:
-    """Each env's valid replies (``reply_choices()`` of a text env), or None if none lists any."""
+    """Each env's valid replies (``reply_choices()`` of a text env), or None if none lists any.
+
+    Only text envs (chat-message observations) are asked: in an ``AsyncVectorEnv`` a failed
+    ``call`` shuts the workers down.
+    """
+    if not isinstance(getattr(envs, "single_observation_space", None), ChatMessages):
+        return None
     try:
         results = envs.call("reply_choices")
-    except AttributeError:  # not a textgym env: free text only
+    except AttributeError:  # a chat env that is not a TextEnvWrapper: free text only
         return None
     choices = [None if c is None else list(c) for c in results]
     return choices if any(c is not None for c in choices) else None
@@ -81,7 +88,7 @@ class RolloutCollector:
         # Once an env reports is_success, an episode that ends without it (cut short by
         # invalid replies, say) counts as a failure rather than being left out.
         self.reports_success = False
-        self.choices = reply_choices(envs)  # for choice decoding; fixed per env
+        self._choices: list[list[str] | None] | None | bool = False  # looked up when needed
 
     def reset(self, seed: int | None = None) -> None:
         """Start fresh episodes in every env."""
@@ -102,8 +109,9 @@ class RolloutCollector:
             # A step in which every env only resets generates nothing and does not count.
             steps += bool(active)
             kwargs = {}
-            if self.choices and getattr(policy, "wants_choices", False):
-                kwargs["choices"] = [self.choices[i] for i in active]
+            choices = self.choices() if getattr(policy, "wants_choices", False) else None
+            if choices:
+                kwargs["choices"] = [choices[i] for i in active]
             generation = policy.generate([self.observations[i] for i in active], **kwargs)
             actions = [""] * self.envs.num_envs  # ignored by envs that are resetting
             for k, i in enumerate(active):
@@ -133,6 +141,12 @@ class RolloutCollector:
         for i in range(self.envs.num_envs):
             if not self.resetting[i]:
                 buffer.set_bootstrap(i, policy.encode(self.observations[i]))
+
+    def choices(self) -> list[list[str] | None] | None:
+        """Each env's valid replies for choice decoding (asked once; fixed per env)."""
+        if self._choices is False:
+            self._choices = reply_choices(self.envs)
+        return self._choices  # type: ignore[return-value]
 
     def _track(self, i: int, turn: Turn, infos: dict[str, Any]) -> None:
         self.returns[i] += turn.reward
