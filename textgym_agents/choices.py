@@ -1,9 +1,9 @@
 """Choice decoding: score every valid reply and sample one, so no reply is ever invalid.
 
 For a finite action set the env lists its valid replies (``env.reply_choices()``). Each one is
-tokenised once (minus the reply prefix, plus EOS so that no choice is a prefix of another),
-appended to the prompt and scored in batched forward passes; the turn's distribution is the
-softmax of the choices' summed (or mean, TWOSOME-style) token log-probs. PPO uses the log of
+tokenised once (minus the reply prefix, plus EOS so that no choice is a prefix of another) and
+scored on top of its prompt, which runs once for all its choices; the turn's distribution is
+the softmax of the choices' summed (or mean, TWOSOME-style) token log-probs. PPO uses the log of
 that normalised probability, and the update recomputes it the same way.
 """
 
@@ -16,9 +16,10 @@ import torch
 
 __all__ = ["ChoiceScores", "choice_token_ids", "score_choices"]
 
-# (prompts, responses, values) -> (per-token log-probs (N, T), mask (N, T), values (N,) | None)
-TokenScorer = Callable[
-    [Sequence[list[int]], Sequence[list[int]], bool],
+# (prompts, each prompt's choices, values) -> (summed log-prob of each choice (N,), its token
+# count (N,), value of each prompt (B,) or None); N counts the choices of all prompts in order.
+GroupScorer = Callable[
+    [Sequence[list[int]], Sequence[Sequence[list[int]]], bool],
     tuple[torch.Tensor, torch.Tensor, torch.Tensor | None],
 ]
 
@@ -87,7 +88,7 @@ class ChoiceScores:
 
 
 def score_choices(
-    scorer: TokenScorer,
+    scorer: GroupScorer,
     prompts: Sequence[list[int]],
     choices: Sequence[Sequence[list[int]]],
     *,
@@ -95,40 +96,41 @@ def score_choices(
     length_norm: bool = False,
     batch_size: int = 64,
 ) -> ChoiceScores:
-    """Score every choice of every prompt, ``batch_size`` (prompt, choice) rows per forward.
+    """Distribution over each prompt's choices, scoring about ``batch_size`` choices per call.
 
-    Rows are laid out prompt by prompt, so a forward that holds all choices of one prompt
-    runs that prompt once (it is the rows' shared prefix) and each choice on top of it.
-    Gradients flow when called outside ``torch.no_grad()``.
+    Prompts are grouped in order so that a group holds at most ``batch_size`` choices (or a
+    single prompt with more); the scorer runs each prompt of a group once and all its
+    choices on top of it. Gradients flow when called outside ``torch.no_grad()``.
 
     Args:
-        scorer: Per-token log-probs of responses given prompts (and prompt values).
+        scorer: Summed token log-probs of each prompt's choices (and prompt values).
         prompts: Prompt token ids.
         choices: For each prompt, the token ids of its choices.
         values: Also return the value of each prompt.
         length_norm: Rank choices by mean token log-prob instead of the sum.
-        batch_size: Rows per forward pass.
+        batch_size: Choices per scorer call.
     """
     if len(prompts) != len(choices):
         raise ValueError(f"Got {len(prompts)} prompts but {len(choices)} choice lists")
-    rows = [(b, k) for b, options in enumerate(choices) for k in range(len(options))]
-    totals, row_values = [], []
-    for start in range(0, len(rows), batch_size):
-        part = rows[start : start + batch_size]
-        logps, mask, value = scorer(
-            [prompts[b] for b, _ in part], [choices[b][k] for b, k in part], values
+    groups: list[list[int]] = []
+    size = 0
+    for b, options in enumerate(choices):
+        if not groups or size + len(options) > batch_size:
+            groups.append([])
+            size = 0
+        groups[-1].append(b)
+        size += len(options)
+    totals, prompt_values = [], []
+    for group in groups:
+        total, count, value = scorer(
+            [prompts[b] for b in group], [choices[b] for b in group], values
         )
-        total = (logps * mask).sum(dim=1)
-        totals.append(total / mask.sum(dim=1) if length_norm else total)
+        totals.append(total / count if length_norm else total)
         if value is not None:
-            row_values.append(value)
+            prompt_values.append(value)
     sizes = [len(options) for options in choices]
     logps = [row.log_softmax(dim=0) for row in torch.cat(totals).split(sizes)]
-    prompt_values = None
-    if values:
-        firsts = torch.tensor([0, *sizes[:-1]]).cumsum(0).to(row_values[0].device)
-        prompt_values = torch.cat(row_values)[firsts]
-    return ChoiceScores(logps, prompt_values)
+    return ChoiceScores(logps, torch.cat(prompt_values) if values else None)
 
 
 Part = tuple[list[int], torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]

@@ -24,7 +24,7 @@ from textgym_agents.checkpoint import (
     load_tensors,
     save_tensors,
 )
-from textgym_agents.choices import choice_token_ids, score_choices
+from textgym_agents.choices import choice_token_ids
 from textgym_agents.models import (
     ValueHead,
     attach_lora,
@@ -255,14 +255,7 @@ class PPOPolicy(PolicyScoring):
         self, prompts: list[list[int]], choices: Sequence[Sequence[str]], greedy: bool
     ) -> Generation:
         ids = [self.choice_ids(replies) for replies in choices]
-        config = self.config
-        scores = score_choices(
-            self._token_scorer,
-            prompts,
-            ids,
-            length_norm=config.choice_length_norm,
-            batch_size=config.choice_batch_size,
-        )
+        scores = self.score_choices(prompts, ids)
         picks = scores.sample(greedy)
         return Generation(
             prompts,

@@ -7,6 +7,7 @@ key/value cache across the batch, so only each row's own tokens are computed per
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -15,6 +16,9 @@ from torch import nn
 
 __all__ = [
     "CACHE_KWARG",
+    "RowsPass",
+    "continue_rows",
+    "run_rows",
     "SHARED_PREFIX_MIN",
     "common_prefix_length",
     "decoder_hidden_states",
@@ -59,15 +63,37 @@ def prefix_cache(model: nn.Module, prefix: Sequence[int], batch: int, device: An
     return cache
 
 
-def decoder_hidden_states(
-    decoder: nn.Module, sequences: Sequence[Sequence[int]], *, pad: int, max_shared: int
-) -> tuple[torch.Tensor, int]:
-    """Final hidden states of right-padded ``sequences``, and the offset of their first column.
+@dataclass
+class RowsPass:
+    """Output of :func:`run_rows`: hidden states, and what a continuation pass needs.
+
+    Attributes:
+        hidden: (B, W, H) final hidden states; column ``j`` is position ``offset + j``.
+        offset: Length of the shared prefix that ran once (0 when none).
+        cache: Key/value cache of every row (shared prefix + own tokens + right padding).
+        attention_mask: (B, offset + W) mask of ``cache``'s positions.
+    """
+
+    hidden: torch.Tensor
+    offset: int
+    cache: Any
+    attention_mask: torch.Tensor
+
+
+def run_rows(
+    decoder: nn.Module,
+    sequences: Sequence[Sequence[int]],
+    *,
+    pad: int,
+    max_shared: int,
+    keep_cache: bool = True,
+) -> RowsPass:
+    """Run right-padded ``sequences`` through ``decoder``, their shared prefix once.
 
     The shared prefix (see :func:`shared_length`) runs once and its cache serves every row;
     gradients flow through it, so training uses this path too. Right padding keeps position
-    ids equal to those of the unpadded sequences. Column ``j`` of the result is position
-    ``offset + j`` of every sequence.
+    ids equal to those of the unpadded sequences. Without ``keep_cache`` (and without a
+    shared prefix) no cache is built and ``cache`` is None.
     """
     device = next(decoder.parameters()).device
     shared = shared_length(sequences, max_shared)
@@ -79,15 +105,67 @@ def decoder_hidden_states(
     for i, row in enumerate(rows):
         input_ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
         attention_mask[i, shared : shared + len(row)] = 1
-    kwargs: dict[str, Any] = {"use_cache": False}
+    attention_mask = attention_mask.to(device)
+    kwargs: dict[str, Any] = {"use_cache": keep_cache or shared > 0}
     if shared:
         cache = prefix_cache(decoder, sequences[0][:shared], len(rows), device)
         positions = torch.arange(shared, shared + width, device=device).expand(len(rows), -1)
-        kwargs = {CACHE_KWARG: cache, "use_cache": True, "position_ids": positions}
+        kwargs.update({CACHE_KWARG: cache, "position_ids": positions})
+    output = decoder(input_ids=input_ids.to(device), attention_mask=attention_mask, **kwargs)
+    cache = getattr(output, "cache", None) or getattr(output, "past_key_values", None)
+    return RowsPass(output.last_hidden_state, shared, cache, attention_mask)
+
+
+def decoder_hidden_states(
+    decoder: nn.Module, sequences: Sequence[Sequence[int]], *, pad: int, max_shared: int
+) -> tuple[torch.Tensor, int]:
+    """Final hidden states of right-padded ``sequences``, and the offset of their first column.
+
+    See :func:`run_rows`; column ``j`` of the result is position ``offset + j`` of every
+    sequence.
+    """
+    result = run_rows(decoder, sequences, pad=pad, max_shared=max_shared, keep_cache=False)
+    return result.hidden, result.offset
+
+
+def continue_rows(
+    decoder: nn.Module,
+    first: RowsPass,
+    lengths: Sequence[int],
+    index: Sequence[int],
+    continuations: Sequence[Sequence[int]],
+    *,
+    pad: int,
+) -> torch.Tensor:
+    """Hidden states of ``continuations``, row ``n`` continuing sequence ``index[n]`` of ``first``.
+
+    Each first-pass row runs once, however many continuations it has: its cache is selected
+    into every continuation row (``first.cache`` is consumed). ``lengths`` are the unpadded
+    lengths of the first pass's sequences, so positions continue right after them.
+
+    Returns:
+        (N, C) hidden states, C the longest continuation (right padding).
+    """
+    device = first.hidden.device
+    width = max(len(c) for c in continuations)
+    input_ids = torch.full((len(continuations), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(continuations), width), dtype=torch.long)
+    for n, ids in enumerate(continuations):
+        input_ids[n, : len(ids)] = torch.tensor(list(ids), dtype=torch.long)
+        mask[n, : len(ids)] = 1
+    rows = torch.tensor(list(index), dtype=torch.long, device=device)
+    starts = torch.tensor([lengths[b] for b in index], device=device)
+    positions = starts[:, None] + torch.arange(width, device=device)
+    first.cache.batch_select_indices(rows)
+    attention_mask = torch.cat([first.attention_mask.index_select(0, rows), mask.to(device)], 1)
     output = decoder(
-        input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), **kwargs
+        input_ids=input_ids.to(device),
+        attention_mask=attention_mask,
+        position_ids=positions,
+        use_cache=True,
+        **{CACHE_KWARG: first.cache},
     )
-    return output.last_hidden_state, shared
+    return output.last_hidden_state
 
 
 def generation_inputs(

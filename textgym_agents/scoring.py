@@ -15,9 +15,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from textgym_agents.choices import merge_rows, score_choices
+from textgym_agents.choices import ChoiceScores, merge_rows, score_choices
 from textgym_agents.ppo.core import entropy, logprobs_from_logits
-from textgym_agents.prefix import decoder_hidden_states
+from textgym_agents.prefix import continue_rows, decoder_hidden_states, run_rows
 
 __all__ = ["PolicyScoring", "Scores"]
 
@@ -71,20 +71,12 @@ class PolicyScoring:
         picked = [b for b in range(len(prompts)) if choices is not None and choices[b] is not None]
         if not picked:
             return self._score_tokens(prompts, responses, values, with_entropy)
-        config = self.config
         chosen_ids = [choices[b] for b in picked]  # type: ignore[index]
         try:
             chosen = [c.index(list(responses[b])) for b, c in zip(picked, chosen_ids, strict=True)]
         except ValueError:
             raise ValueError("A response is not one of its row's choices") from None
-        result = score_choices(
-            self._token_scorer,
-            [prompts[b] for b in picked],
-            chosen_ids,  # type: ignore[arg-type]
-            values=values,
-            length_norm=config.choice_length_norm,
-            batch_size=config.choice_batch_size,
-        )
+        result = self.score_choices([prompts[b] for b in picked], chosen_ids, values=values)  # type: ignore[arg-type]
         logps = result.chosen(chosen)[:, None]
         entropy_ = result.entropy()[:, None] if with_entropy else None
         parts = [(picked, logps, torch.ones_like(logps), result.values, entropy_)]
@@ -97,11 +89,57 @@ class PolicyScoring:
         logps, mask, value, ent = merge_rows(parts, len(prompts))
         return Scores(logps=logps, mask=mask, values=value, entropy=ent)
 
-    def _token_scorer(
-        self, prompts: Sequence[list[int]], responses: Sequence[list[int]], values: bool
+    def score_choices(
+        self,
+        prompts: Sequence[list[int]],
+        choices: Sequence[Sequence[list[int]]],
+        *,
+        values: bool = False,
+    ) -> ChoiceScores:
+        """Distribution over each prompt's choices (token ids, see ``choice_ids``).
+
+        Each prompt runs once and its choices on top of its key/value cache, about
+        ``config.choice_batch_size`` choices per forward pass.
+        """
+        return score_choices(
+            self._choice_scorer,
+            prompts,
+            choices,
+            values=values,
+            length_norm=self.config.choice_length_norm,
+            batch_size=self.config.choice_batch_size,
+        )
+
+    def _choice_scorer(
+        self, prompts: Sequence[list[int]], choices: Sequence[Sequence[list[int]]], values: bool
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        scores = self._score_tokens(prompts, responses, values, False)
-        return scores.logps, scores.mask, scores.values
+        lm = self._causal_lm()
+        decoder, pad = getattr(lm, lm.base_model_prefix), self.tokenizer.pad_token_id
+        first = run_rows(decoder, prompts, pad=pad, max_shared=min(len(p) for p in prompts) - 1)
+        last = torch.tensor([len(p) - 1 - first.offset for p in prompts], device=self.device)
+        last_hidden = first.hidden[torch.arange(len(prompts), device=self.device), last]
+        index = [b for b, options in enumerate(choices) for _ in options]
+        flat = [list(c) for options in choices for c in options]
+        width = max(len(c) for c in flat)
+        # The prompt's last position predicts a choice's first token; the choice's own
+        # tokens (all but its last) predict the rest.
+        predict = last_hidden[index][:, None]
+        if width > 1:
+            lengths = [len(p) for p in prompts]
+            rest = continue_rows(decoder, first, lengths, index, [c[:-1] for c in flat], pad=pad)
+            predict = torch.cat([predict, rest], dim=1)
+        labels = torch.zeros((len(flat), width), dtype=torch.long)
+        mask = torch.zeros((len(flat), width))
+        for n, ids in enumerate(flat):
+            labels[n, : len(ids)] = torch.tensor(ids)
+            mask[n, : len(ids)] = 1
+        logits = self._lm_head()(predict[:, :width]).float()
+        logps = logprobs_from_logits(
+            logits, labels.to(self.device), temperature=self.config.temperature
+        )
+        mask = mask.to(self.device)
+        value = self.value_head(last_hidden).float() if values else None
+        return (logps * mask).sum(dim=1), mask.sum(dim=1), value
 
     def _score_tokens(
         self,

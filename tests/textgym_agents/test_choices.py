@@ -88,8 +88,8 @@ def test_probabilities_sum_to_one_and_chunking_does_not_change_them():
         policy.choice_ids(["x"]),
     ]
     with torch.no_grad():
-        whole = score_choices(policy._token_scorer, prompts, choices, values=True)
-        chunked = score_choices(policy._token_scorer, prompts, choices, values=True, batch_size=1)
+        whole = policy.score_choices(prompts, choices, values=True)
+        chunked = score_choices(policy._choice_scorer, prompts, choices, values=True, batch_size=1)
     for row, other, options in zip(whole.logps, chunked.logps, choices, strict=True):
         assert row.shape == (len(options),)
         assert torch.isclose(row.exp().sum(), torch.tensor(1.0), atol=1e-5)
@@ -98,6 +98,19 @@ def test_probabilities_sum_to_one_and_chunking_does_not_change_them():
     with torch.no_grad():
         plain_values = policy.prompt_values(prompts)
     torch.testing.assert_close(whole.values, plain_values, atol=1e-5, rtol=1e-5)
+
+
+def test_cached_choice_scores_match_full_sequences():
+    """Each prompt runs once and its choices on its cache: same numbers as whole sequences."""
+    policy = blackjack_policy()
+    prompts = [policy.encode(conversation(t)) for t in ["a", "a much longer question here"]]
+    choices = [policy.choice_ids(["stick", "hit me now"]), policy.choice_ids(["up", "x y z w"])]
+    with torch.no_grad():
+        scores = policy.score_choices(prompts, choices)
+        for prompt, options, logps in zip(prompts, choices, scores.logps, strict=True):
+            full = policy.score([prompt] * len(options), options, values=False)
+            totals = (full.logps * full.mask).sum(dim=1)
+            torch.testing.assert_close(logps, totals.log_softmax(0), atol=1e-5, rtol=1e-5)
 
 
 def test_generate_picks_only_valid_replies():
@@ -112,7 +125,7 @@ def test_generate_picks_only_valid_replies():
     # greedy picks the most likely choice of each row
     greedy = policy.generate(batch, choices=[options] * 3, greedy=True)
     with torch.no_grad():
-        scores = score_choices(policy._token_scorer, greedy.prompt_ids, greedy.choice_ids)
+        scores = policy.score_choices(greedy.prompt_ids, greedy.choice_ids)
     assert greedy.texts == [options[int(row.argmax())] for row in scores.logps]
     # act: one conversation takes one list of choices
     assert policy.act(conversation(), choices=options) in options
@@ -239,7 +252,7 @@ def test_policy_learns_to_prefer_paying_choice(seed):
     def yes_probability():
         ids = [policy.choice_ids(o) for o in options]
         with torch.no_grad():
-            scores = score_choices(policy._token_scorer, [policy.encode(p) for p in prompts], ids)
+            scores = policy.score_choices([policy.encode(p) for p in prompts], ids)
         return float(scores.chosen([1] * len(prompts)).exp().mean())
 
     assert 0.25 < yes_probability() < 0.75  # it did not start out knowing
