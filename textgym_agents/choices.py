@@ -98,9 +98,10 @@ def score_choices(
 ) -> ChoiceScores:
     """Distribution over each prompt's choices, scoring about ``batch_size`` choices per call.
 
-    Prompts are grouped in order so that a group holds at most ``batch_size`` choices (or a
-    single prompt with more); the scorer runs each prompt of a group once and all its
-    choices on top of it. Gradients flow when called outside ``torch.no_grad()``.
+    Prompts are grouped in order so that a group holds at most ``batch_size`` choices; the
+    scorer runs each prompt of a group once and its choices on top of it. A prompt with more
+    choices is split into pieces (it then runs once per piece), so memory stays bounded with
+    hundreds of choices. Gradients flow when called outside ``torch.no_grad()``.
 
     Args:
         scorer: Summed token log-probs of each prompt's choices (and prompt values).
@@ -112,22 +113,29 @@ def score_choices(
     """
     if len(prompts) != len(choices):
         raise ValueError(f"Got {len(prompts)} prompts but {len(choices)} choice lists")
-    groups: list[list[int]] = []
+    # (prompt, first choice, end) pieces, at most batch_size choices per group; a prompt with
+    # more choices than that is split, and runs once per piece.
+    groups: list[list[tuple[int, int, int]]] = [[]]
     size = 0
     for b, options in enumerate(choices):
-        if not groups or size + len(options) > batch_size:
-            groups.append([])
-            size = 0
-        groups[-1].append(b)
-        size += len(options)
+        for start in range(0, len(options), batch_size):
+            end = min(start + batch_size, len(options))
+            if size + end - start > batch_size:
+                groups.append([])
+                size = 0
+            groups[-1].append((b, start, end))
+            size += end - start
     totals, prompt_values = [], []
     for group in groups:
         total, count, value = scorer(
-            [prompts[b] for b in group], [choices[b] for b in group], values
+            [prompts[b] for b, _, _ in group],
+            [choices[b][start:end] for b, start, end in group],
+            values,
         )
         totals.append(total / count if length_norm else total)
-        if value is not None:
-            prompt_values.append(value)
+        if value is not None:  # a split prompt's value comes from its first piece
+            firsts = [i for i, (_, start, _) in enumerate(group) if start == 0]
+            prompt_values.append(value[firsts])
     sizes = [len(options) for options in choices]
     logps = [row.log_softmax(dim=0) for row in torch.cat(totals).split(sizes)]
     return ChoiceScores(logps, torch.cat(prompt_values) if values else None)

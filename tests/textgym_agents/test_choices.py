@@ -100,6 +100,28 @@ def test_probabilities_sum_to_one_and_chunking_does_not_change_them():
     torch.testing.assert_close(whole.values, plain_values, atol=1e-5, rtol=1e-5)
 
 
+def test_hundreds_of_choices_in_bounded_pieces():
+    policy = blackjack_policy(choice_batch_size=64)
+    words = [f"{a}{b}" for a in "abcdefghijklmnopqrstuvwxyz" for b in "0123456789xyz"][:300]
+    choices = [policy.choice_ids(words), policy.choice_ids(["stick", "hit"])]
+    prompts = [policy.encode(conversation("pick a word")), policy.encode(conversation("b"))]
+    calls = []
+
+    def scorer(group_prompts, group_choices, values):
+        calls.append(sum(len(c) for c in group_choices))
+        return policy._choice_scorer(group_prompts, group_choices, values)
+
+    with torch.no_grad():
+        pieces = score_choices(scorer, prompts, choices, values=True, batch_size=64)
+        whole = score_choices(policy._choice_scorer, prompts, choices, values=True, batch_size=400)
+    assert max(calls) <= 64 and sum(calls) == 302
+    assert pieces.logps[0].shape == (300,)
+    for a, b in zip(pieces.logps, whole.logps, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(pieces.values, whole.values, atol=1e-5, rtol=1e-5)
+    assert pieces.values.shape == (2,)
+
+
 def test_cached_choice_scores_match_full_sequences():
     """Each prompt runs once and its choices on its cache: same numbers as whole sequences."""
     policy = blackjack_policy()
