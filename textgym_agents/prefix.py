@@ -58,7 +58,7 @@ def shared_length(sequences: Sequence[Sequence[int]], max_shared: int) -> int:
 def prefix_cache(model: nn.Module, prefix: Sequence[int], batch: int, device: Any) -> Any:
     """Key/value cache of ``prefix``, repeated for ``batch`` rows (differentiable)."""
     output = model(input_ids=torch.tensor([list(prefix)], device=device), use_cache=True)
-    cache = getattr(output, "cache", None) or output.past_key_values
+    cache = getattr(output, CACHE_KWARG)
     cache.batch_repeat_interleave(batch)
     return cache
 
@@ -112,7 +112,7 @@ def run_rows(
         positions = torch.arange(shared, shared + width, device=device).expand(len(rows), -1)
         kwargs.update({CACHE_KWARG: cache, "position_ids": positions})
     output = decoder(input_ids=input_ids.to(device), attention_mask=attention_mask, **kwargs)
-    cache = getattr(output, "cache", None) or getattr(output, "past_key_values", None)
+    cache = getattr(output, CACHE_KWARG, None)
     return RowsPass(output.last_hidden_state, shared, cache, attention_mask)
 
 

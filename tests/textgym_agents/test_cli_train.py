@@ -1,0 +1,228 @@
+"""`textgym train`, `eval`, `plot` and `play --policy` with a tiny model; Ctrl-C and resume."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import gymnasium as gym
+import pytest
+
+from textgym.cli import main  # also registers the textgym/ envs
+from textgym_agents import PPOConfig, PPOPolicy
+from textgym_agents.checkpoint import latest_checkpoint, list_checkpoints
+from textgym_agents.ppo.trainer import PPOTrainer
+from textgym_agents.testing import tiny_model
+from textgym_agents.tracking import read_metrics
+
+QUICK = ["--num-envs", "2", "--num-steps", "2", "--minibatch-size", "8", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny")
+    model, tokenizer = tiny_model()
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def textgym(*args, cwd, **kwargs):
+    return subprocess.run(
+        [sys.executable, "-m", "textgym.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=cwd,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        **kwargs,
+    )
+
+
+@pytest.fixture(scope="module")
+def run_dir(tiny_dir, tmp_path_factory):
+    """A finished run: `textgym train` in a subprocess."""
+    cwd = tmp_path_factory.mktemp("work")
+    args = ["train", "--model", tiny_dir, "--episodes", "6", "--eval-episodes", "2", *QUICK]
+    result = textgym(*args, "--output", "run", cwd=cwd)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return cwd / "run", result.stdout
+
+
+def test_train_writes_the_run_and_summarises(run_dir):
+    run, stdout = run_dir
+    assert stdout.splitlines()[0] == "Run directory: run"  # where the run goes, first
+    assert "decoding='choices'" in stdout and 'reply_prefix=\'{"action": "\'' in stdout
+    assert "base model  textgym/Blackjack-v1" in stdout and "trained     textgym" in stdout
+    assert "textgym eval run" in stdout
+    for name in ["config.json", "metrics.jsonl", "learning_curve.png", "final/policy.json"]:
+        assert (run / name).exists(), name
+    assert latest_checkpoint(run) is not None
+    config = json.loads((run / "config.json").read_text())["ppo"]
+    assert config["num_steps"] == 2 and config["kl_coef"] == 0.0 and config["progress"] is False
+    info = json.loads((run / "cli.json").read_text())
+    assert info["env"] == "textgym/Blackjack-v1" and info["episodes"] == 6
+
+
+def test_eval_plot_and_play_a_run(run_dir, tiny_dir, capsys, tmp_path):
+    run, _ = run_dir
+    args = ["eval", str(run), str(run / "final"), tiny_dir, "--episodes", "2", "--num-envs", "2"]
+    assert main(args) == 0
+    table = capsys.readouterr().out.splitlines()[-4:]
+    assert table[0].split() == ["policy", "env", "episodes", "mean", "return", "std", "success"] + [
+        "invalid"
+    ]
+    assert [line.split()[0] for line in table[1:]] == [str(run), str(run / "final"), tiny_dir]
+    assert all(line.endswith("0.0%") for line in table[1:])  # choices: no invalid reply
+
+    assert main(["eval", str(run), "--episodes", "2", "--json", "--decoding", "free"]) == 0
+    (result,) = json.loads(capsys.readouterr().out)
+    assert result["episodes"] == 2 and result["env"] == "textgym/Blackjack-v1"
+
+    two = tmp_path / "two.png"
+    assert main(["plot", str(run), str(run), "--labels", "a", "b", "--output", str(two)]) == 0
+    assert two.read_bytes()[:4] == b"\x89PNG"
+
+    assert main(["play", "--policy", str(run), "--seed", "1", "--episodes", "2"]) == 0
+    out = capsys.readouterr().out
+    assert out.count('\n[assistant]\n{"action": ') >= 2 and "mean return over 2" in out
+
+
+def test_bad_input_gives_a_clear_error(run_dir, tiny_dir, capsys, tmp_path):
+    run, _ = run_dir
+    cases = [
+        (["train", "--learning-rte", "1e-4"], 2, "did you mean --learning-rate?"),
+        (["train", "--learning-rate", "fast"], 2, "argument --learning-rate: expected a number"),
+        (
+            ["train", "--clip-range", "-1"],
+            2,
+            "clip_range must be > 0, got -1.0 (from --clip-range)",
+        ),
+        (["train", "--decoding", "beam"], 2, "decoding must be one of"),
+        (["train", "--config", str(tmp_path / "none.yaml")], 2, "--config: cannot read"),
+        (["train", "--resume", str(tmp_path / "none")], 1, "--resume: no such run directory"),
+        (["train", "--resume", str(tmp_path)], 1, "no checkpoint in"),
+        (["train", "--output", str(run), "--model", tiny_dir], 1, "already holds a run"),
+        (["train", "--resume", str(run), "--learning-rate", "1"], 2, "cannot change when resum"),
+        (["train", "nope/Nothing-v0"], 1, "Namespace nope not found"),
+        (["eval", str(tmp_path / "missing-run")], 1, "no such run directory or model"),
+        (["plot", str(tmp_path)], 1, "has no metrics.jsonl"),
+    ]
+    for args, code, message in cases:
+        assert main(args) == code, args
+        err = capsys.readouterr().err
+        assert message in err, (args, err)
+        assert "Traceback" not in err
+        if code == 1:
+            assert err.count("\n") == 1, err  # one line
+
+    config = tmp_path / "bad.yaml"
+    config.write_text("learning_rate: 1e-4\nnum_epoch: 3\n")
+    assert main(["train", "--config", str(config)]) == 2
+    assert "unknown setting 'num_epoch'; did you mean 'num_epochs'?" in capsys.readouterr().err
+
+
+def test_usage_error_and_missing_run_through_the_command(tmp_path):
+    result = textgym("eval", "run", "--episodez", "3", cwd=tmp_path)
+    assert result.returncode == 2 and "did you mean --episodes?" in result.stderr
+    result = textgym("eval", "runs/missing", cwd=tmp_path)
+    assert (
+        result.returncode == 1 and "no such run directory or model: runs/missing" in result.stderr
+    )
+    assert result.stderr.count("\n") == 1
+
+
+def test_train_help_lists_every_ppo_setting(capsys):
+    assert main(["train", "--help"]) == 0
+    out = capsys.readouterr().out
+    for name in PPOConfig.help():
+        assert "--" + name.replace("_", "-") in out, name
+    assert "examples:" in out and "AdamW learning rate of the LoRA weights" in out
+
+
+def test_ctrl_c_saves_a_checkpoint_and_resume_continues(tiny_dir, tmp_path, capsys):
+    args = ["train", "--model", tiny_dir, "--episodes", "100000", "--eval-episodes", "0"]
+    args += [*QUICK, "--save-every", "1000", "--output", "run"]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "textgym.cli", *args],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while not (metrics.is_file() and metrics.read_text().endswith("\n")):
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    process.send_signal(signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr
+    assert stderr.strip().splitlines()[-1].startswith("Interrupted; latest checkpoint step_")
+    assert "continue with: textgym train --resume run" in stderr and "Traceback" not in stderr
+    checkpoint = latest_checkpoint(tmp_path / "run")
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    assert state["update_step"] == len(read_metrics(tmp_path / "run")) >= 1
+
+    done = state["episodes"]
+    run = str(tmp_path / "run")
+    assert main(["train", "--resume", run, "--episodes", str(done + 4)]) == 0
+    assert f"({done} episodes done)" in capsys.readouterr().out
+    steps = [line["step"] for line in read_metrics(run)]
+    assert steps == list(range(1, len(steps) + 1)) and len(steps) > state["update_step"]
+    assert (tmp_path / "run" / "final" / "policy.json").is_file()
+    assert main(["train", "--resume", run]) == 0  # the run's target is reached
+    assert "pass a larger --episodes" in capsys.readouterr().out
+
+
+# --- TrainingRun's Ctrl-C handling, in-process ------------------------------------------------
+
+
+def make_trainer(tiny_dir, run):
+    config = PPOConfig(num_steps=2, minibatch_size=8, micro_batch_size=4, progress=False)
+    config.save_every = 1000
+    policy = PPOPolicy.from_pretrained(tiny_dir, config=config)
+    return PPOTrainer(policy, gym.make_vec("textgym/Blackjack-v1", num_envs=2), output_dir=run)
+
+
+def sigint(*args):
+    os.kill(os.getpid(), signal.SIGINT)
+
+
+def test_ctrl_c_between_updates_saves_the_last_one(tiny_dir, tmp_path):
+    trainer = make_trainer(tiny_dir, tmp_path)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train(10_000, callback=lambda m: sigint() if m["train/update"] == 2 else None)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_00000002"]
+    assert len(read_metrics(tmp_path)) == 2
+
+
+def test_ctrl_c_during_an_update_finishes_it_then_saves(tiny_dir, tmp_path):
+    trainer = make_trainer(tiny_dir, tmp_path)
+    weights = trainer.optimizer.param_groups[0]["params"]  # the LoRA weights, live
+    hook = trainer.optimizer.register_step_post_hook(lambda *a: (hook.remove(), sigint()))
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train(10_000)
+    assert trainer.update_step == 1  # the update ran to its end before stopping
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_00000001"]
+    assert len(read_metrics(tmp_path)) == 1
+    resumed = make_trainer(tiny_dir, tmp_path / "again")
+    from textgym_agents.ppo.run import TrainingRun
+
+    TrainingRun(resumed).resume(tmp_path)
+    loaded = resumed.policy.trainable_parameters()[0]
+    assert all(a.equal(b) for a, b in zip(weights, loaded, strict=True))
+
+
+def test_second_ctrl_c_stops_at_once_without_saving(tiny_dir, tmp_path):
+    trainer = make_trainer(tiny_dir, tmp_path)
+    hook = trainer.optimizer.register_step_post_hook(lambda *a: (hook.remove(), sigint(), sigint()))
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train(10_000)
+    assert trainer.update_step == 0 and list_checkpoints(tmp_path) == []

@@ -1,0 +1,182 @@
+"""Pieces shared by the ``textgym`` commands: errors, env building, the lazy agents import.
+
+Nothing here imports the training stack; :func:`import_agents` does, when a command needs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+
+from textgym.spaces import ChatMessages
+from textgym.wrappers import TextEnvWrapper
+
+__all__ = [
+    "DEFAULT_ENV",
+    "RUN_INFO_FILE",
+    "CLIError",
+    "UsageError",
+    "add_env_arg",
+    "count",
+    "import_agents",
+    "make_env",
+    "one_line",
+    "parse_env_args",
+    "positive_int",
+    "read_run_info",
+    "reply_choices",
+    "text_wrapper",
+    "write_run_info",
+]
+
+DEFAULT_ENV = "textgym/Blackjack-v1"
+RUN_INFO_FILE = "cli.json"  # what `textgym train` was asked for, so --resume and eval reuse it
+
+
+class CLIError(Exception):
+    """A failure explained in one line on stderr (exit code 1)."""
+
+
+class UsageError(CLIError):
+    """A bad option value found after parsing (exit code 2, like argparse's own errors)."""
+
+
+def import_agents() -> Any:
+    """Import :mod:`textgym_agents` (torch, transformers, peft) or explain how to install it."""
+    # Nothing is downloaded: a model name must be a local path or already in the HF cache
+    # (HF_HUB_OFFLINE=0 in the environment allows downloads). The command prints its own
+    # progress, so the libraries' loading bars and deprecation notices are left out.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    try:
+        import textgym_agents
+    except ImportError as e:
+        raise CLIError(
+            f"this command needs the training stack, which could not be imported ({e}); "
+            "install it with: pip install 'textgym[agents]'"
+        ) from e
+    return textgym_agents
+
+
+def count(text: str) -> int:
+    """Parse an int >= 0 (an argparse type)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an int, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an int >= 0, got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """Parse an int >= 1 (an argparse type)."""
+    value = count(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {text!r}")
+    return value
+
+
+def add_env_arg(parser: argparse.ArgumentParser) -> None:
+    """Add ``-e/--env-arg KEY=VALUE`` (repeatable), read by :func:`parse_env_args`."""
+    parser.add_argument(
+        "-e",
+        "--env-arg",
+        action="append",
+        metavar="KEY=VALUE",
+        help="env option (VALUE read as JSON, else text), e.g. -e is_slippery=false; repeatable",
+    )
+
+
+def parse_env_args(items: Sequence[str] | None) -> dict[str, Any]:
+    """Turn ``KEY=VALUE`` strings into env keyword arguments (VALUE as JSON, else as text).
+
+    Example:
+        >>> parse_env_args(["is_slippery=false", "map_name=8x8", "history=2"])
+        {'is_slippery': False, 'map_name': '8x8', 'history': 2}
+    """
+    result: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip().isidentifier():
+            raise UsageError(f"--env-arg expects KEY=VALUE, got {item!r}")
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = text
+        result[key.strip()] = value
+    return result
+
+
+def make_env(env_id: str, env_args: Mapping[str, Any] | None = None) -> gym.Env[Any, Any]:
+    """``gym.make`` a text env, with one-line errors for unknown ids and bad arguments."""
+    try:
+        env = gym.make(env_id, **dict(env_args or {}))
+    except gym.error.Error as e:
+        raise CLIError(f"{e} (`textgym envs` lists the text envs)") from e
+    except (TypeError, ValueError, ModuleNotFoundError) as e:
+        raise CLIError(f"could not make {env_id}: {e}") from e
+    if not isinstance(env.observation_space, ChatMessages):
+        env.close()
+        hint = f"; try textgym/{env_id}" if f"textgym/{env_id}" in gym.registry else ""
+        raise CLIError(f"{env_id} is not a text env (its observations are not chat messages){hint}")
+    return env
+
+
+def text_wrapper(env: gym.Env[Any, Any]) -> TextEnvWrapper | None:
+    """The :class:`TextEnvWrapper` inside ``env``'s wrapper stack, if there is one."""
+    current: Any = env
+    while current is not None:
+        if isinstance(current, TextEnvWrapper):
+            return current
+        current = getattr(current, "env", None)
+    return None
+
+
+def reply_choices(env: gym.Env[Any, Any]) -> list[str] | None:
+    """The env's valid replies (``reply_choices()``) or None when it takes free text."""
+    wrapper = text_wrapper(env)
+    choices = wrapper.reply_choices() if wrapper is not None else None
+    return list(choices) if choices else None
+
+
+def read_run_info(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The ``cli.json`` of the run that ``path`` (a run, policy or checkpoint dir) belongs to."""
+    path = Path(path)
+    candidates = [path]
+    if path.name == "final":
+        candidates.append(path.parent)
+    elif path.parent.name == "checkpoints":
+        candidates.append(path.parent.parent)
+    for directory in candidates:
+        file = directory / RUN_INFO_FILE
+        if file.is_file():
+            try:
+                info = json.loads(file.read_text())
+            except ValueError:
+                return {}
+            return info if isinstance(info, dict) else {}
+    return {}
+
+
+def write_run_info(run_dir: Path, info: Mapping[str, Any]) -> None:
+    """Write ``cli.json`` (via a temp file, so a crash never leaves half of it)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tmp = run_dir / f".{RUN_INFO_FILE}.tmp"
+    tmp.write_text(json.dumps(dict(info), indent=2) + "\n")
+    os.replace(tmp, run_dir / RUN_INFO_FILE)
+
+
+def one_line(error: BaseException) -> str:
+    """An exception as one line: its message with whitespace collapsed (or its type)."""
+    text = " ".join(str(error).split())
+    if isinstance(error, KeyError | AttributeError) or not text:
+        text = f"{type(error).__name__}: {text}" if text else type(error).__name__
+    return text

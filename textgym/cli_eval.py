@@ -1,0 +1,334 @@
+"""``textgym eval`` and ``textgym plot``, and loading a policy from a run, a policy or a model.
+
+The training stack is imported inside the functions, not by this module.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from textgym.cli_common import (
+    DEFAULT_ENV,
+    CLIError,
+    UsageError,
+    add_env_arg,
+    import_agents,
+    make_env,
+    one_line,
+    parse_env_args,
+    positive_int,
+    read_run_info,
+    reply_choices,
+)
+from textgym.cli_config import env_defaults
+
+__all__ = [
+    "DEFAULT_NUM_ENVS",
+    "EVAL_SEED",
+    "add_parsers",
+    "evaluate_policy",
+    "format_table",
+    "from_pretrained",
+    "load_policy",
+    "resolve_policy",
+]
+
+DEFAULT_NUM_ENVS = 16
+EVAL_SEED = 10_000  # evaluation episodes differ from the training ones (seeded from 0)
+
+EVAL_EPILOG = """\
+examples:
+  textgym eval runs/bj                         # the run's final policy on the run's env
+  textgym eval runs/bj embedded --episodes 200 # trained vs base model, same episodes
+  textgym eval path/to/model --env textgym/FrozenLake-v1 --decoding free
+"""
+PLOT_EPILOG = """\
+examples:
+  textgym plot runs/bj                         # rewrites runs/bj/learning_curve.png
+  textgym plot runs/a runs/b --output ab.png --smooth 5 --x env/episodes
+"""
+
+
+def add_parsers(subparsers: Any, common: argparse.ArgumentParser) -> None:
+    """Add the ``eval`` and ``plot`` commands."""
+    formatter = argparse.RawDescriptionHelpFormatter
+    evaluate = subparsers.add_parser(
+        "eval",
+        parents=[common],
+        help="evaluate trained policies or models on a text env",
+        description="Greedy evaluation: mean return, its std, success rate, invalid replies.",
+        epilog=EVAL_EPILOG,
+        formatter_class=formatter,
+        allow_abbrev=False,
+    )
+    evaluate.add_argument(
+        "targets",
+        nargs="+",
+        metavar="RUN_DIR|MODEL",
+        help="a run directory, a saved policy, a model path or 'embedded'",
+    )
+    evaluate.add_argument(
+        "--env", metavar="ENV_ID", help=f"text env (default: the run's, else {DEFAULT_ENV})"
+    )
+    evaluate.add_argument(
+        "--episodes", type=positive_int, default=100, help="episodes (default: 100)"
+    )
+    evaluate.add_argument(
+        "--seed",
+        type=int,
+        default=EVAL_SEED,
+        help=f"seed of the first episode (default: {EVAL_SEED})",
+    )
+    evaluate.add_argument(
+        "--num-envs",
+        type=positive_int,
+        default=DEFAULT_NUM_ENVS,
+        help=f"episodes played in parallel (default: {DEFAULT_NUM_ENVS})",
+    )
+    evaluate.add_argument(
+        "--sample", action="store_true", help="sample replies instead of greedy decoding"
+    )
+    evaluate.add_argument(
+        "--decoding", choices=["free", "choices", "auto"], help="override the policy's decoding"
+    )
+    evaluate.add_argument("--json", action="store_true", help="print the results as JSON")
+    add_env_arg(evaluate)
+    evaluate.set_defaults(run=run_eval, parser=evaluate)
+
+    plot = subparsers.add_parser(
+        "plot",
+        parents=[common],
+        help="draw the learning curves of runs into one PNG",
+        description="Draw the learning curves of one or several runs into one PNG.",
+        epilog=PLOT_EPILOG,
+        formatter_class=formatter,
+        allow_abbrev=False,
+    )
+    plot.add_argument(
+        "runs", nargs="+", metavar="RUN_DIR", help="run directories (with metrics.jsonl)"
+    )
+    plot.add_argument(
+        "--output",
+        metavar="PNG",
+        help="default: RUN_DIR/learning_curve.png for one run, else learning_curves.png",
+    )
+    plot.add_argument(
+        "--keys",
+        nargs="+",
+        default=["env/return_mean", "env/invalid_rate"],
+        help="metrics to draw, one panel each (default: env/return_mean env/invalid_rate)",
+    )
+    plot.add_argument(
+        "--x", default="step", help="x axis: step or a logged metric such as env/episodes"
+    )
+    plot.add_argument(
+        "--smooth", type=positive_int, default=1, help="moving-average window (default: 1)"
+    )
+    plot.add_argument("--labels", nargs="+", help="legend names, one per run")
+    plot.set_defaults(run=run_plot, parser=plot)
+
+
+# --- policies: a run, a saved policy or a model --------------------------------------------------
+
+
+def _in_hf_cache(name: str) -> bool:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return False
+    try:
+        return isinstance(try_to_load_from_cache(name, "config.json"), str)
+    except Exception:  # an invalid repo id
+        return False
+
+
+def resolve_policy(target: str) -> tuple[str, str | None, str]:
+    """Say what ``target`` is: ``(kind, path or model name, label)``; kind is policy or model.
+
+    A run directory gives its ``final/`` policy (or its latest checkpoint when it has none), a
+    saved policy itself, a model directory, a ``.gguf`` file, ``embedded`` or a Hugging Face
+    id in the local cache gives a model. Raises :class:`CLIError` for anything else.
+    """
+    path = Path(target).expanduser()
+    if path.is_dir():
+        if (path / "policy.json").is_file():
+            return "policy", str(path), target
+        if (path / "final" / "policy.json").is_file():
+            return "policy", str(path / "final"), target
+        if (path / "checkpoints").is_dir():
+            import_agents()
+            from textgym_agents.checkpoint import latest_checkpoint
+
+            latest = latest_checkpoint(path)
+            if latest is not None:
+                return "policy", str(latest), f"{target} ({latest.name})"
+        if _is_run_dir(path):
+            raise CLIError(f"{target} is a run directory without a saved policy (no final/)")
+        return "model", str(path.resolve()), target
+    if path.is_file():
+        if path.suffix == ".gguf":
+            return "model", str(path.resolve()), target
+        raise CLIError(f"{target} is a file, not a run directory, a saved policy or a model")
+    if target == "embedded":
+        return "model", None, target
+    if not _in_hf_cache(target):
+        raise CLIError(
+            f"no such run directory or model: {target} (a model name must be a local path, "
+            "'embedded' or a Hugging Face id in the local cache)"
+        )
+    return "model", target, target
+
+
+def _is_run_dir(path: Path) -> bool:
+    if (path / "metrics.jsonl").is_file() or (path / "cli.json").is_file():
+        return True
+    try:
+        return "ppo" in json.loads((path / "config.json").read_text())
+    except (OSError, ValueError, TypeError):
+        return False
+
+
+def from_pretrained(agents: Any, model: str | None, config: Any) -> Any:
+    """``PPOPolicy.from_pretrained`` with a one-line error."""
+    try:
+        return agents.PPOPolicy.from_pretrained(model, config=config)
+    except (OSError, ValueError) as e:
+        raise CLIError(f"could not load the model {model or 'embedded'}: {one_line(e)}") from e
+
+
+def load_policy(
+    target: str, choices: list[str] | None, decoding: str | None = None
+) -> tuple[Any, str]:
+    """Load what ``target`` names (see :func:`resolve_policy`) as a policy for the env.
+
+    A fresh model gets the decoding :func:`~textgym.cli_config.env_defaults` picks for the
+    env's ``choices``; ``decoding`` overrides the decoding of any policy.
+    """
+    kind, where, label = resolve_policy(target)
+    agents = import_agents()
+    overrides = env_defaults(choices, {"decoding": decoding} if decoding else {})
+    keys = ("decoding", "reply_prefix", "stop_strings", "max_new_tokens")
+    overrides = {k: v for k, v in overrides.items() if k in keys}
+    if decoding:
+        overrides["decoding"] = decoding
+    if kind == "model":
+        config = agents.PPOConfig(progress=False, **overrides)
+        return from_pretrained(agents, where, config), label
+    try:
+        policy = agents.PPOPolicy.load(where)
+    except (OSError, ValueError) as e:
+        raise CLIError(f"could not load the policy in {where}: {one_line(e)}") from e
+    if decoding:
+        values = {**policy.config.to_dict(), **overrides}
+        policy.config = agents.PPOConfig.from_dict(values)
+    return policy, label
+
+
+# --- eval ----------------------------------------------------------------------------------------
+
+
+def evaluate_policy(
+    agents: Any, policy: Any, env: Any, episodes: int, **kwargs: Any
+) -> dict[str, Any]:
+    """``evaluate`` on the evaluation seed, playing at most ``episodes`` envs at once."""
+    kwargs.setdefault("seed", EVAL_SEED)
+    kwargs["num_envs"] = min(kwargs.get("num_envs", DEFAULT_NUM_ENVS), episodes)
+    return agents.evaluate(policy, env, n_episodes=episodes, **kwargs)
+
+
+def format_table(rows: list[tuple[str, str, Mapping[str, Any]]]) -> str:
+    """An evaluation table: one row per ``(name, env id, evaluate() result)``.
+
+    Example:
+        >>> result = {"mean_return": -0.2, "std_return": 0.9, "invalid_rate": 0.0, "episodes": 8}
+        >>> print(format_table([("base model", "textgym/Blackjack-v1", result)]))
+        policy      env                   episodes  mean return    std  success  invalid
+        base model  textgym/Blackjack-v1         8       -0.200  0.900        -     0.0%
+    """
+    header = ["policy", "env", "episodes", "mean return", "std", "success", "invalid"]
+    lines = [header]
+    for name, env_id, r in rows:
+        success = r.get("success_rate")
+        lines.append(
+            [
+                name,
+                env_id,
+                str(r["episodes"]),
+                f"{r['mean_return']:.3f}",
+                f"{r['std_return']:.3f}",
+                "-" if success is None else f"{success:.1%}",
+                f"{r['invalid_rate']:.1%}",
+            ]
+        )
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(
+            cell.ljust(width) if i < 2 else cell.rjust(width)
+            for i, (cell, width) in enumerate(zip(line, widths, strict=True))
+        ).rstrip()
+        for line in lines
+    )
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    """``textgym eval``: evaluate each target on the same episodes and print a table."""
+    for target in args.targets:
+        resolve_policy(target)  # a missing run directory fails before torch is imported
+    agents = import_agents()
+    rows = []
+    for target in args.targets:
+        info = read_run_info(target) if Path(target).exists() else {}
+        env_id = args.env or info.get("env") or DEFAULT_ENV
+        env_args = dict(info.get("env_args", {})) if env_id == info.get("env") else {}
+        env_args.update(parse_env_args(args.env_arg))
+        env = make_env(env_id, env_args)
+        policy, label = load_policy(target, reply_choices(env), args.decoding)
+        if not args.json:
+            print(f"Evaluating {label} on {args.episodes} episodes of {env_id}...", flush=True)
+        result = evaluate_policy(
+            agents,
+            policy,
+            env,
+            args.episodes,
+            greedy=not args.sample,
+            seed=args.seed,
+            num_envs=args.num_envs,
+        )
+        rows.append((label, env_id, result))
+        env.close()
+    if args.json:
+        results = [{"policy": name, "env": env_id, **r} for name, env_id, r in rows]
+        print(json.dumps(results, indent=2))
+    else:
+        print(format_table(rows))
+    return 0
+
+
+# --- plot ----------------------------------------------------------------------------------------
+
+
+def run_plot(args: argparse.Namespace) -> int:
+    """``textgym plot``: the learning curves of the runs in one PNG."""
+    runs = [Path(run) for run in args.runs]
+    for run in runs:
+        if not run.exists():
+            raise CLIError(f"no such run directory: {run}")
+        if run.is_dir() and not (run / "metrics.jsonl").is_file():
+            raise CLIError(f"{run} is not a run directory: it has no metrics.jsonl")
+    if args.labels and len(args.labels) != len(runs):
+        raise UsageError(f"--labels: expected {len(runs)} labels (one per run)")
+    output = args.output
+    if output is None:
+        output = runs[0] / "learning_curve.png" if len(runs) == 1 else "learning_curves.png"
+    import_agents()
+    from textgym_agents.tracking import plot_learning_curves
+
+    path = plot_learning_curves(
+        runs, output, keys=args.keys, labels=args.labels, smooth=args.smooth, x_key=args.x
+    )
+    print(f"Wrote {path}")
+    return 0

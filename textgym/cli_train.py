@@ -1,0 +1,296 @@
+"""``textgym train``: evaluate, train with a progress bar, evaluate again, summarise.
+
+The training stack is imported when the command runs (or its flags are built), so ``textgym
+envs`` and ``textgym play`` keep working with only the core package installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+
+from textgym.cli_common import (
+    DEFAULT_ENV,
+    CLIError,
+    UsageError,
+    add_env_arg,
+    count,
+    import_agents,
+    make_env,
+    one_line,
+    parse_env_args,
+    positive_int,
+    read_run_info,
+    reply_choices,
+    write_run_info,
+)
+from textgym.cli_config import add_config_flags, env_defaults, flag_values, read_config_file
+from textgym.cli_eval import (
+    DEFAULT_NUM_ENVS,
+    EVAL_SEED,
+    evaluate_policy,
+    format_table,
+    from_pretrained,
+)
+
+__all__ = ["add_parser", "run_train"]
+
+DEFAULT_EPISODES = 500
+DEFAULT_EVAL_EPISODES = 50
+
+TRAIN_EPILOG = """\
+examples:
+  textgym train                                   # Blackjack, embedded model, minutes on a CPU
+  textgym train textgym/FrozenLake-v1 -e is_slippery=false --episodes 300
+  textgym train --learning-rate 1e-4 --num-epochs 4 --output runs/bj
+  textgym train --config settings.yaml --seed 1   # flags override the file
+  textgym train --resume runs/bj                  # continue after Ctrl-C
+  textgym train --resume runs/bj --episodes 2000  # or train longer
+
+The run directory holds config.json, metrics.jsonl, checkpoints/, final/ (the trained
+policy) and learning_curve.png. Ctrl-C saves a checkpoint; --resume continues from it.
+Envs that list their valid replies use decoding=choices (every reply valid, one forward pass
+per turn) with their common start as reply_prefix; others use free text.
+"""
+
+
+def add_parser(subparsers: Any, common: argparse.ArgumentParser, train_flags: bool) -> None:
+    """Add ``train``; ``train_flags`` adds a flag per PPOConfig field (imports torch)."""
+    formatter = argparse.RawDescriptionHelpFormatter
+    train = subparsers.add_parser(
+        "train",
+        parents=[common],
+        help="train a model on a text env with PPO (LoRA)",
+        usage=(
+            "textgym train [ENV_ID] [--model M] [--episodes N] [--num-envs N] [--output DIR]\n"
+            "                     [--config FILE] [--resume DIR] [--eval-episodes N] "
+            "[-e KEY=VALUE]\n                     [--<ppo-setting> VALUE ...]"
+        ),
+        description="Train a model on a text env by PPO and write a run directory.",
+        epilog=TRAIN_EPILOG,
+        formatter_class=formatter,
+        allow_abbrev=False,
+    )
+    train.add_argument(
+        "env", nargs="?", metavar="ENV_ID", help=f"text env (default: {DEFAULT_ENV})"
+    )
+    train.add_argument(
+        "--model", help="model directory, .gguf file or cached HF id (default: embedded)"
+    )
+    train.add_argument(
+        "--episodes",
+        type=positive_int,
+        help=f"episodes to train, counting resumed ones (default: {DEFAULT_EPISODES})",
+    )
+    train.add_argument(
+        "--num-envs",
+        type=positive_int,
+        help=f"envs played in parallel (default: {DEFAULT_NUM_ENVS})",
+    )
+    train.add_argument("--output", metavar="DIR", help="run directory (default: runs/<env>-<time>)")
+    train.add_argument(
+        "--config", metavar="FILE", help="YAML or JSON file of settings (flags override it)"
+    )
+    train.add_argument(
+        "--resume", metavar="DIR", help="continue the run in DIR (or from a checkpoint dir)"
+    )
+    train.add_argument(
+        "--eval-episodes",
+        type=count,
+        help=f"greedy evaluation episodes before and after (default: {DEFAULT_EVAL_EPISODES})",
+    )
+    add_env_arg(train)
+    if train_flags:
+        add_config_flags(train, import_agents().PPOConfig)
+    train.set_defaults(run=run_train, parser=train)
+
+
+# --- train -----------------------------------------------------------------------------------
+
+
+def _first(*values: Any) -> Any:
+    return next((v for v in values if v is not None), None)
+
+
+def _holds_run(path: Path) -> bool:
+    return any((path / name).exists() for name in ("config.json", "metrics.jsonl", "checkpoints"))
+
+
+def _resume_point(target: str) -> tuple[Path, Path]:
+    """``(run directory, checkpoint)`` for ``--resume`` (a run directory or a checkpoint)."""
+    from textgym_agents.ppo.run import find_checkpoint
+
+    path = Path(target)
+    if not path.exists():
+        raise CLIError(f"--resume: no such run directory: {target}")
+    try:
+        checkpoint = find_checkpoint(path)
+    except FileNotFoundError:
+        raise CLIError(f"--resume: no checkpoint in {target}, nothing to resume") from None
+    return (path.parent.parent if checkpoint == path else path), checkpoint
+
+
+def _model_arg(model: str | None) -> str | None:
+    if model in (None, "embedded"):
+        return None
+    path = Path(model).expanduser()  # type: ignore[arg-type]
+    return str(path.resolve()) if path.exists() else model  # absolute: final/ reloads it
+
+
+def _source_note(message: str, sources: Mapping[str, str]) -> str:
+    field = message.split(" ", 1)[0]
+    return f"{message} (from {sources[field]})" if field in sources else message
+
+
+@dataclass
+class _Plan:
+    """What ``textgym train`` will do, from flags, --config, the resumed run and defaults."""
+
+    env_id: str
+    env_args: dict[str, Any]
+    model: str | None
+    episodes: int
+    num_envs: int
+    eval_episodes: int
+    config: Any
+    out: Path
+    checkpoint: Path | None
+
+
+# Settings the optimizer's saved state overrides on resume (torch restores param_groups).
+_FIXED_ON_RESUME = ("learning_rate", "value_learning_rate", "weight_decay")
+
+
+def _plan(args: argparse.Namespace, config_cls: Any) -> _Plan:
+    saved_info: dict[str, Any] = {}
+    saved_ppo: dict[str, Any] = {}
+    saved_model = run_dir = checkpoint = None
+    if args.resume:
+        run_dir, checkpoint = _resume_point(args.resume)
+        saved_info = read_run_info(run_dir)
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            saved = json.loads((run_dir / "config.json").read_text())
+            saved_ppo = dict(saved.get("ppo", {}))
+            saved_model = (saved.get("base") or {}).get("name_or_path")
+    file_ppo, file_train = read_config_file(args.config, config_cls) if args.config else ({}, {})
+    flags = flag_values(args)
+    for key in _FIXED_ON_RESUME:
+        if key in saved_ppo and {**file_ppo, **flags}.get(key, saved_ppo[key]) != saved_ppo[key]:
+            raise UsageError(
+                f"{key} cannot change when resuming: the checkpoint's optimizer state keeps it"
+            )
+
+    def pick(name: str, default: Any) -> Any:
+        return _first(getattr(args, name), file_train.get(name), saved_info.get(name), default)
+
+    env_id = pick("env", DEFAULT_ENV)
+    env_args = dict(saved_info.get("env_args", {})) if env_id == saved_info.get("env") else {}
+    env_args.update(file_train.get("env_args", {}))
+    env_args.update(parse_env_args(args.env_arg))
+    probe = make_env(env_id, env_args)  # fails early on an unknown env; lists its replies
+    choices = reply_choices(probe)
+    probe.close()
+    given = {**saved_ppo, **file_ppo, **flags}
+    sources = {key: "the resumed run's config.json" for key in saved_ppo}
+    sources.update({key: f"--config {args.config}" for key in file_ppo})
+    sources.update({key: "--" + key.replace("_", "-") for key in flags})
+    try:
+        config = config_cls.from_dict({**env_defaults(choices, given), **given})
+    except (TypeError, ValueError) as e:
+        raise UsageError(_source_note(one_line(e), sources)) from e
+
+    if args.output:
+        out = Path(args.output)
+    elif run_dir is not None:
+        out = run_dir
+    else:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        out = Path("runs") / f"{env_id.split(':')[-1].replace('/', '-')}-{stamp}"
+    if out != run_dir and _holds_run(out):
+        raise CLIError(
+            f"{out} already holds a run; continue it with --resume {out} or pick another --output"
+        )
+    return _Plan(
+        env_id=env_id,
+        env_args=env_args,
+        model=_model_arg(pick("model", saved_model)),
+        episodes=pick("episodes", DEFAULT_EPISODES),
+        num_envs=pick("num_envs", DEFAULT_NUM_ENVS),
+        eval_episodes=pick("eval_episodes", DEFAULT_EVAL_EPISODES),
+        config=config,
+        out=out,
+        checkpoint=checkpoint,
+    )
+
+
+def run_train(args: argparse.Namespace) -> int:
+    """``textgym train``: evaluate, train with a progress bar, evaluate again, summarise."""
+    agents = import_agents()
+    plan = _plan(args, agents.PPOConfig)
+    out, env_id = plan.out, plan.env_id
+    print(f"Run directory: {out}", flush=True)
+    if plan.checkpoint is not None:
+        done = json.loads((plan.checkpoint / "trainer_state.json").read_text())["episodes"]
+        if done >= plan.episodes:
+            print(f"The run has {done} episodes (>= {plan.episodes}); pass a larger --episodes")
+            return 0
+        print(f"Resuming from {plan.checkpoint} ({done} episodes done)")
+    print(
+        f"Training {env_id} for {plan.episodes} episodes ({plan.num_envs} envs), "
+        f"model: {plan.model or 'embedded'}"
+    )
+    defaults = agents.PPOConfig().to_dict()
+    changed = {k: v for k, v in plan.config.to_dict().items() if v != defaults.get(k)}
+    print("Settings: " + ", ".join(f"{k}={v!r}" for k, v in changed.items()), flush=True)
+
+    policy = from_pretrained(agents, plan.model, plan.config)
+    info = {key: getattr(plan, key) for key in ("env_id", "env_args", "model", "episodes")}
+    info.update(num_envs=plan.num_envs, eval_episodes=plan.eval_episodes)
+    write_run_info(out, {"env": info.pop("env_id"), **info})
+    env = make_env(env_id, plan.env_args)
+    results = []
+    if plan.eval_episodes:
+        print(f"Evaluating the base model on {plan.eval_episodes} episodes...", flush=True)
+        result = evaluate_policy(agents, policy, env, plan.eval_episodes)
+        results.append(("base model", env_id, result))
+    envs = gym.make_vec(env_id, num_envs=plan.num_envs, **plan.env_args)
+    try:
+        policy.learn(envs, plan.episodes, output_dir=out, resume_from=plan.checkpoint)
+    except KeyboardInterrupt:
+        from textgym_agents.checkpoint import latest_checkpoint
+
+        latest = latest_checkpoint(out)
+        if latest is None:
+            print(f"Interrupted before any checkpoint of {out} was saved", file=sys.stderr)
+        else:
+            print(
+                f"Interrupted; latest checkpoint {latest.name}; continue with: "
+                f"textgym train --resume {out}",
+                file=sys.stderr,
+            )
+        return 130
+    finally:
+        envs.close()
+    if plan.eval_episodes:
+        print(f"Evaluating the trained policy on {plan.eval_episodes} episodes...", flush=True)
+        results.append(
+            ("trained", env_id, evaluate_policy(agents, policy, env, plan.eval_episodes))
+        )
+        print(f"\nGreedy evaluation (seed {EVAL_SEED}):")
+        print(format_table(results))
+    env.close()
+    print(
+        f"\nRun written to {out}: final/ (the policy), metrics.jsonl, learning_curve.png, "
+        f"checkpoints/\nNext: textgym eval {out} | textgym plot {out} | "
+        f"textgym play {env_id} --policy {out}"
+    )
+    return 0
