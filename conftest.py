@@ -1,9 +1,23 @@
-"""Shared test set-up: headless rendering for Gymnasium's pygame-based envs."""
+"""Shared test set-up: headless rendering for Gymnasium's pygame-based envs, a tiny model dir."""
 
 import os
 import tempfile
+
+import pytest
 
 os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
 os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
 os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.gettempdir())
 os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+    """A directory holding a tiny model and the embedded tokenizer (for subprocess tests)."""
+    from textgym_agents.testing import tiny_model
+
+    path = tmp_path_factory.mktemp("tiny")
+    model, tokenizer = tiny_model()
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)

@@ -4,20 +4,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-from textgym_agents.testing import tiny_model
-
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny")
-    model, tokenizer = tiny_model()
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return str(path)
 
 
 def run(script, *args, cwd):

@@ -14,19 +14,9 @@ from textgym.cli import main  # also registers the textgym/ envs
 from textgym_agents import PPOConfig, PPOPolicy
 from textgym_agents.checkpoint import latest_checkpoint, list_checkpoints
 from textgym_agents.ppo.trainer import PPOTrainer
-from textgym_agents.testing import tiny_model
 from textgym_agents.tracking import read_metrics
 
 QUICK = ["--num-envs", "2", "--num-steps", "2", "--minibatch-size", "8", "--no-progress"]
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny")
-    model, tokenizer = tiny_model()
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return str(path)
 
 
 def textgym(*args, cwd, **kwargs):
