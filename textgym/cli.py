@@ -26,6 +26,7 @@ from textgym.cli_common import (
     DEFAULT_ENV,
     CLIError,
     UsageError,
+    add_command,
     add_env_arg,
     make_env,
     one_line,
@@ -85,29 +86,26 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         allow_abbrev=False,  # an abbreviation could turn ambiguous when a setting is added
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    formatter = argparse.RawDescriptionHelpFormatter
-    envs = commands.add_parser(
+    envs = add_command(
+        commands,
         "envs",
-        parents=[common],
+        common,
         help="list the registered text envs and the replies they take",
         description="List the registered text envs with their action schemas.",
         epilog=ENVS_EPILOG,
-        formatter_class=formatter,
-        allow_abbrev=False,
     )
     envs.add_argument("ids", nargs="*", metavar="ENV_ID", help="envs to show (default: all)")
     envs.add_argument("-v", "--verbose", action="store_true", help="show the full prompt")
     envs.add_argument("--json", action="store_true", help="print JSON")
     envs.set_defaults(run=run_envs, parser=envs)
 
-    play = commands.add_parser(
+    play = add_command(
+        commands,
         "play",
-        parents=[common],
+        common,
         help="play a text env in the terminal, as the model sees it",
         description="Play a text env in the terminal, or watch a trained policy play it.",
         epilog=PLAY_EPILOG,
-        formatter_class=formatter,
-        allow_abbrev=False,
     )
     play.add_argument(
         "env", nargs="?", metavar="ENV_ID", help=f"default: the --policy run's, else {DEFAULT_ENV}"

@@ -14,6 +14,7 @@ from typing import Any
 
 import gymnasium as gym
 
+from textgym.checker import find_text_wrapper
 from textgym.spaces import ChatMessages
 from textgym.wrappers import TextEnvWrapper
 
@@ -22,6 +23,7 @@ __all__ = [
     "RUN_INFO_FILE",
     "CLIError",
     "UsageError",
+    "add_command",
     "add_env_arg",
     "count",
     "import_agents",
@@ -132,12 +134,23 @@ def make_env(env_id: str, env_args: Mapping[str, Any] | None = None) -> gym.Env[
 
 def text_wrapper(env: gym.Env[Any, Any]) -> TextEnvWrapper | None:
     """The :class:`TextEnvWrapper` inside ``env``'s wrapper stack, if there is one."""
-    current: Any = env
-    while current is not None:
-        if isinstance(current, TextEnvWrapper):
-            return current
-        current = getattr(current, "env", None)
-    return None
+    try:
+        return find_text_wrapper(env)
+    except ValueError:
+        return None
+
+
+def add_command(
+    subparsers: Any, name: str, common: argparse.ArgumentParser, **kwargs: Any
+) -> argparse.ArgumentParser:
+    """Add a subcommand with the settings every ``textgym`` command shares."""
+    return subparsers.add_parser(  # type: ignore[no-any-return]
+        name,
+        parents=[common],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,  # an abbreviation could turn ambiguous when a setting is added
+        **kwargs,
+    )
 
 
 def reply_choices(env: gym.Env[Any, Any]) -> list[str] | None:

@@ -15,6 +15,7 @@ from textgym.cli_common import (
     DEFAULT_ENV,
     CLIError,
     UsageError,
+    add_command,
     add_env_arg,
     import_agents,
     make_env,
@@ -55,15 +56,13 @@ examples:
 
 def add_parsers(subparsers: Any, common: argparse.ArgumentParser) -> None:
     """Add the ``eval`` and ``plot`` commands."""
-    formatter = argparse.RawDescriptionHelpFormatter
-    evaluate = subparsers.add_parser(
+    evaluate = add_command(
+        subparsers,
         "eval",
-        parents=[common],
+        common,
         help="evaluate trained policies or models on a text env",
         description="Greedy evaluation: mean return, its std, success rate, invalid replies.",
         epilog=EVAL_EPILOG,
-        formatter_class=formatter,
-        allow_abbrev=False,
     )
     evaluate.add_argument(
         "targets",
@@ -99,14 +98,13 @@ def add_parsers(subparsers: Any, common: argparse.ArgumentParser) -> None:
     add_env_arg(evaluate)
     evaluate.set_defaults(run=run_eval, parser=evaluate)
 
-    plot = subparsers.add_parser(
+    plot = add_command(
+        subparsers,
         "plot",
-        parents=[common],
+        common,
         help="draw the learning curves of runs into one PNG",
         description="Draw the learning curves of one or several runs into one PNG.",
         epilog=PLOT_EPILOG,
-        formatter_class=formatter,
-        allow_abbrev=False,
     )
     plot.add_argument(
         "runs", nargs="+", metavar="RUN_DIR", help="run directories (with metrics.jsonl)"

@@ -22,6 +22,7 @@ from textgym.cli_common import (
     DEFAULT_ENV,
     CLIError,
     UsageError,
+    add_command,
     add_env_arg,
     count,
     import_agents,
@@ -65,10 +66,10 @@ per turn) with their common start as reply_prefix; others use free text.
 
 def add_parser(subparsers: Any, common: argparse.ArgumentParser, train_flags: bool) -> None:
     """Add ``train``; ``train_flags`` adds a flag per PPOConfig field (imports torch)."""
-    formatter = argparse.RawDescriptionHelpFormatter
-    train = subparsers.add_parser(
+    train = add_command(
+        subparsers,
         "train",
-        parents=[common],
+        common,
         help="train a model on a text env with PPO (LoRA)",
         usage=(
             "textgym train [ENV_ID] [--model M] [--episodes N] [--num-envs N] [--output DIR]\n"
@@ -77,8 +78,6 @@ def add_parser(subparsers: Any, common: argparse.ArgumentParser, train_flags: bo
         ),
         description="Train a model on a text env by PPO and write a run directory.",
         epilog=TRAIN_EPILOG,
-        formatter_class=formatter,
-        allow_abbrev=False,
     )
     train.add_argument(
         "env", nargs="?", metavar="ENV_ID", help=f"text env (default: {DEFAULT_ENV})"

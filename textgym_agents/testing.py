@@ -1,6 +1,7 @@
 """Tiny, offline stand-ins for the real model, for tests and benchmarks that must run in seconds.
 
-`load_tokenizer` gives the embedded SmolLM2 tokenizer; `tiny_model` a random Llama that uses it.
+`load_tokenizer` gives the embedded SmolLM2 tokenizer; `tiny_model` a random Llama that uses it;
+`PayingChoice` a one-step env where one of two actions always pays.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import gymnasium as gym
 import torch
 
 from textgym_agents.models import (
@@ -139,3 +141,29 @@ def word_tokenizer(words: list[str]) -> PreTrainedTokenizerBase:
         "{% endfor %}{% if add_generation_prompt %}<|im_start|> assistant {% endif %}"
     )
     return prepare_tokenizer(tokenizer)
+
+
+class PayingChoice(gym.Env[int, int]):
+    """One-step bandit over four observations: action 1 ("yes") pays 1, action 0 ("no") pays 0.
+
+    Learning tests check that PPO makes a tiny model prefer the paying reply.
+
+    Example:
+        >>> env = PayingChoice()
+        >>> obs, _ = env.reset(seed=0)
+        >>> env.step(1)[1:3], env.step(0)[1]
+        ((1.0, True), 0.0)
+    """
+
+    observation_space = gym.spaces.Discrete(4)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[int, dict]:
+        """Draw one of the four observations."""
+        super().reset(seed=seed)
+        self.obs = int(self.np_random.integers(4))
+        return self.obs, {}
+
+    def step(self, action: int) -> tuple[int, float, bool, bool, dict]:
+        """End the episode, paying 1 for action 1."""
+        return self.obs, float(action == 1), True, False, {"is_success": bool(action == 1)}

@@ -12,7 +12,7 @@ from textgym_agents import PPOConfig, PPOPolicy, PPOTrainer, evaluate
 from textgym_agents.choices import choice_token_ids, score_choices
 from textgym_agents.ppo import core
 from textgym_agents.ppo.rollout import reply_choices
-from textgym_agents.testing import tiny_model, word_tokenizer
+from textgym_agents.testing import PayingChoice, tiny_model, word_tokenizer
 
 WORDS = ["yes", "no", "maybe", "red", "green", "blue", "gray", "choose"]
 
@@ -33,21 +33,6 @@ class WordParser(ActionParser):
 
     def choices(self):
         return list(self.words)
-
-
-class PayingChoice(gym.Env):
-    """One-step bandit: action 1 ("yes") pays 1, action 0 ("no") pays 0."""
-
-    observation_space = gym.spaces.Discrete(4)
-    action_space = gym.spaces.Discrete(2)
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        self.obs = int(self.np_random.integers(4))
-        return self.obs, {}
-
-    def step(self, action):
-        return self.obs, float(action == 1), True, False, {"is_success": bool(action == 1)}
 
 
 def paying_env():

@@ -9,24 +9,9 @@ import textgym  # noqa: F401
 from textgym import TextEnvWrapper
 from textgym_agents import PPOConfig, PPOPolicy, PPOTrainer, RolloutBuffer, Turn
 from textgym_agents.ppo import core
-from textgym_agents.testing import tiny_model, word_tokenizer
+from textgym_agents.testing import PayingChoice, tiny_model, word_tokenizer
 
 WORDS = ["yes", "no", "maybe", "ok", "red", "green", "blue", "gray"]
-
-
-class PayingChoice(gym.Env):
-    """One-step bandit over four observations: replying "yes" pays 1, "no" pays 0."""
-
-    observation_space = gym.spaces.Discrete(4)
-    action_space = gym.spaces.Discrete(2)
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        self.obs = int(self.np_random.integers(4))
-        return self.obs, {}
-
-    def step(self, action):
-        return self.obs, float(action == 1), True, False, {"is_success": bool(action == 1)}
 
 
 def paying_choice_env():
