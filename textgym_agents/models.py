@@ -134,6 +134,19 @@ def cache_dir() -> Path:
     return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "textgym"
 
 
+def embedded_model_dir() -> Path:
+    """Return where `load_model` keeps the float32 copy of the embedded model.
+
+    The directory exists once the embedded model has been loaded with ``use_cache=True``; it
+    is a plain ``save_pretrained`` directory, so ``transformers`` and ``peft`` load it too.
+
+    Example:
+        >>> embedded_model_dir().name
+        'SmolLM2-135M-Instruct'
+    """
+    return cache_dir() / "models" / EMBEDDED_MODEL
+
+
 def load_or_build_cache(
     path: Path,
     source: Path,
@@ -237,9 +250,13 @@ def _load_embedded(use_cache: bool) -> tuple[PreTrainedModel, PreTrainedTokenize
         tokenizer.save_pretrained(tmp)
         return model, tokenizer
 
-    path = cache_dir() / "models" / EMBEDDED_MODEL
+    path = embedded_model_dir()
     required = ["config.json", "model.safetensors", "tokenizer_config.json"]
-    return load_or_build_cache(path, gguf, required, load, build)
+    model, tokenizer = load_or_build_cache(path, gguf, required, load, build)
+    # Built from the GGUF, the model names the package dir; saved adapters must name the copy
+    # (peft writes model.name_or_path as base_model_name_or_path, which AutoPeftModel* loads).
+    model.name_or_path = model.config.name_or_path = tokenizer.name_or_path = str(path)
+    return model, tokenizer
 
 
 def load_model(

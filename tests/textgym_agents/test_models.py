@@ -7,7 +7,7 @@ import time
 
 import pytest
 import torch
-from peft import LoraConfig, PeftModel
+from peft import AutoPeftModelForCausalLM, LoraConfig, PeftModel
 
 from textgym_agents import models
 from textgym_agents.models import (
@@ -17,6 +17,7 @@ from textgym_agents.models import (
     attach_lora,
     cache_dir,
     embedded_gguf_path,
+    embedded_model_dir,
     hidden_size_of,
     load_model,
     load_or_build_cache,
@@ -438,6 +439,22 @@ def test_embedded_cache_is_built_once_then_reused(fake_gguf, tmp_path):
     torch.testing.assert_close(
         logits_of(second, second_tokenizer), logits_of(first, tokenizer), rtol=0, atol=0
     )
+
+
+@pytest.mark.parametrize("cold", [True, False])
+def test_embedded_adapter_names_the_cached_copy(fake_gguf, tmp_path, cold):
+    if not cold:
+        load_model(device="cpu")  # fill the cache: the next load reads it
+    model, _ = load_model(device="cpu")
+    assert model.config._name_or_path == str(embedded_model_dir())
+    assert embedded_model_dir() == tmp_path / "cache" / "models" / EMBEDDED_MODEL
+    peft_model = attach_lora(model)
+    peft_model.save_pretrained(tmp_path / "adapter")
+    config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == str(embedded_model_dir())
+    reloaded = AutoPeftModelForCausalLM.from_pretrained(tmp_path / "adapter")  # what peft users do
+    batch = torch.tensor([[1, 2, 3]])
+    torch.testing.assert_close(reloaded(batch).logits, peft_model(batch).logits)
 
 
 def test_embedded_use_cache_false_skips_the_cache(fake_gguf, tmp_path):
