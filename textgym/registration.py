@@ -12,7 +12,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from textgym.envs.classic import PRESETS
+from textgym.envs.classic import PRESETS, ReportSuccess
 from textgym.wrappers import TextEnvWrapper
 
 __all__ = ["NAMESPACE", "WRAPPER_OPTIONS", "make_text_env", "register", "registered_ids"]
@@ -23,6 +23,8 @@ WRAPPER_OPTIONS = frozenset(inspect.signature(TextEnvWrapper.__init__).parameter
     "env",
     "env_kwargs",
 }
+# Options that shape the generated action schema; a parser passed in replaces them.
+_SCHEMA_OPTIONS = ("action_names", "action_field", "action_description")
 
 
 def make_text_env(
@@ -46,17 +48,22 @@ def make_text_env(
         False
     """
     wrapper_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in WRAPPER_OPTIONS}
-    if preset is not None:
-        spec = PRESETS[preset]
+    spec = PRESETS[preset] if preset is not None else None
+    if spec is not None:
         defaults: dict[str, Any] = {
             "formatter": spec.formatter(),
             "system_prompt": spec.system_prompt,
+            **spec.options,
         }
-        defaults.update(spec.options)
+        if wrapper_kwargs.get("parser") is not None:  # the given parser brings its own schema
+            for option in _SCHEMA_OPTIONS:
+                defaults.pop(option, None)
         wrapper_kwargs = {**defaults, **wrapper_kwargs}
     if render_mode is not None:
         kwargs["render_mode"] = render_mode
     base = gym.make(env_id, **kwargs) if isinstance(env_id, str) else env_id(**kwargs)
+    if spec is not None and spec.success is not None:
+        base = ReportSuccess(base, spec.success)
     return TextEnvWrapper(base, **wrapper_kwargs)
 
 

@@ -57,7 +57,8 @@ def evaluate(
 
     Returns:
         ``mean_return``, ``std_return``, ``mean_length``, ``invalid_rate`` (invalid replies
-        per turn), ``episodes`` and, where the env reports ``is_success``, ``success_rate``.
+        per turn), ``episodes`` and, where the env reports ``is_success``, ``success_rate``
+        (an episode that ended without the key, cut short by a time limit, counts as failed).
     """
     if not (isinstance(n_episodes, int) and n_episodes >= 1):
         raise ValueError(f"n_episodes must be an int >= 1, got {n_episodes!r}")
@@ -88,9 +89,9 @@ def evaluate(
         "invalid_rate": sum(e.invalid for e in episodes) / max(sum(e.length for e in episodes), 1),
         "episodes": len(episodes),
     }
-    successes = [e.success for e in episodes if e.success is not None]
-    if successes:
-        result["success_rate"] = float(np.mean(successes))
+    if any(e.success is not None for e in episodes):
+        # An episode that ended without the key (cut short by a TimeLimit, say) failed.
+        result["success_rate"] = float(np.mean([bool(e.success) for e in episodes]))
     return result
 
 

@@ -66,6 +66,58 @@ def test_wrapper_options_override_preset():
     assert messages[1]["content"] == "Total 11"
 
 
+def test_preset_takes_a_parser_instead_of_its_action_names():
+    from pydantic import BaseModel
+
+    class Move(BaseModel):
+        go: int
+
+    env = gym.make("textgym/FrozenLake-v1", is_slippery=False, parser=Move)
+    env.reset(seed=0)
+    _, _, _, _, info = env.step('{"go": 1}')
+    assert not info["invalid"] and info["env_action"] == 1
+
+
+# Replies (by action index) that end an episode of each preset with a goal, and the outcome.
+SUCCESS_CASES = [
+    ("textgym/FrozenLake-v1", {"is_slippery": False}, [2, 2, 1, 1, 1, 2], True),
+    ("textgym/FrozenLake-v1", {"is_slippery": False}, [1, 2], False),  # the hole at (1, 1)
+    ("textgym/CliffWalking-v1", {}, [0] + [1] * 11 + [2], True),
+    ("textgym/Taxi-v4", {}, [4], None),  # an illegal pickup: the episode goes on
+]
+
+
+@pytest.mark.parametrize(("env_id", "kwargs", "actions", "success"), SUCCESS_CASES)
+def test_presets_with_a_goal_report_is_success_at_the_end(env_id, kwargs, actions, success):
+    env = gym.make(env_id, **kwargs)
+    reply = env.get_wrapper_attr("example_reply")
+    env.reset(seed=0)
+    for i, action in enumerate(actions):
+        _, _, terminated, truncated, info = env.step(reply(action))
+        ended = terminated or truncated
+        assert ("is_success" in info) == ended == (i == len(actions) - 1 and success is not None)
+    assert info.get("is_success") is success
+
+
+def test_blackjack_success_is_a_won_hand():
+    env = gym.make("textgym/Blackjack-v1")
+    outcomes = set()
+    for seed in range(40):
+        env.reset(seed=seed)
+        _, reward, terminated, _, info = env.step('{"action": "stick"}')
+        assert terminated and info["is_success"] is (reward > 0)
+        outcomes.add(info["is_success"])
+    assert outcomes == {True, False}
+
+
+def test_presets_without_a_goal_report_no_success():
+    env = gym.make("textgym/CartPole-v1", max_episode_steps=3)
+    env.reset(seed=0)
+    for _ in range(3):
+        _, _, terminated, truncated, info = env.step('{"action": "left"}')
+    assert (terminated or truncated) and "is_success" not in info
+
+
 def test_render_mode_reaches_base_env():
     env = gym.make("textgym/FrozenLake-v1", render_mode="ansi")
     env.reset(seed=0)

@@ -106,7 +106,6 @@ def test_evaluate_counts_exact_episodes_and_rates(tmp_path):
     assert result["episodes"] == 10
     assert 0.0 <= result["invalid_rate"] <= 1.0
     assert math.isfinite(result["mean_return"]) and result["std_return"] >= 0
-    assert "success_rate" not in result  # Blackjack reports no is_success
     vector = evaluate(policy, envs(), n_episodes=7)
     assert vector["episodes"] == 7
 
@@ -157,3 +156,22 @@ def test_evaluate_success_rate_when_env_reports_it():
         num_envs=1,
     )
     assert mixed["success_rate"] == 0.0
+
+
+def test_evaluate_counts_episodes_cut_short_as_failures():
+    # Walking left forever: FrozenLake's own 100-step limit ends each episode unsuccessfully,
+    # and the tighter limit given to gym.make ends it without any is_success key at all.
+    left = ScriptedCalculatorPolicy(lambda q, last: '{"action": "left"}')
+    for limit, expected in [(None, 0.0), (5, None)]:
+        env = gym.make("textgym/FrozenLake-v1", is_slippery=False, max_episode_steps=limit)
+        result = evaluate(left, env, n_episodes=2, num_envs=1)
+        assert result.get("success_rate") == expected and result["mean_return"] == 0.0
+    # once one episode reports it, those cut short count as failures
+    moves = iter(["right", "right", "down", "down", "down", "right"])  # G, then walk left
+
+    def walk(q, last):
+        return '{"action": "' + next(moves, "left") + '"}'
+
+    env = gym.make("textgym/FrozenLake-v1", is_slippery=False, max_episode_steps=8)
+    result = evaluate(ScriptedCalculatorPolicy(walk), env, n_episodes=2, num_envs=1)
+    assert result["success_rate"] == 0.5

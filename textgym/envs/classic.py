@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, SupportsFloat
 
 import gymnasium as gym
 
@@ -261,14 +261,52 @@ def _num(value: float, decimals: int = 3) -> str:
     return repr(round(float(value), decimals) + 0.0)
 
 
+class ReportSuccess(gym.Wrapper[Any, Any, Any, Any]):
+    """Add ``info["is_success"]`` at the end of each episode, as stable-baselines3 reads it.
+
+    ``rule="terminated"``: an episode succeeds when it terminates (CliffWalking, Taxi,
+    MountainCar and Acrobot terminate only at their goal); ``rule="paid"``: when it terminates
+    with a positive reward (FrozenLake's goal, a won Blackjack hand). A truncated episode fails;
+    a ``TimeLimit`` outside this wrapper (``gym.make``'s ``max_episode_steps``) truncates without
+    the key, which ``textgym_agents.evaluate`` counts as a failure.
+
+    Example:
+        >>> env = ReportSuccess(gym.make("FrozenLake-v1", is_slippery=False), "paid")
+        >>> _ = env.reset(seed=0)
+        >>> [env.step(a)[4].get("is_success") for a in (2, 2, 1, 1, 1, 2)]
+        [None, None, None, None, None, True]
+    """
+
+    RULES = ("terminated", "paid")
+
+    def __init__(self, env: gym.Env[Any, Any], rule: str) -> None:
+        if rule not in self.RULES:
+            raise ValueError(f"Expected rule to be one of {self.RULES}, got {rule!r}")
+        super().__init__(env)
+        self.rule = rule
+
+    def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
+        """Step the env; on the last step of an episode, say whether it succeeded."""
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        if terminated or truncated:
+            paid = float(reward) > 0 or self.rule == "terminated"
+            info = {**info, "is_success": bool(terminated and paid)}
+        return obs, reward, terminated, truncated, info
+
+
 @dataclass(frozen=True)
 class TextPreset:
-    """What a registered ``textgym/<Env>`` id wraps and how."""
+    """What a registered ``textgym/<Env>`` id wraps and how.
+
+    ``options`` are :class:`~textgym.wrappers.TextEnvWrapper` options; ``success`` is the
+    :class:`ReportSuccess` rule for envs with a goal (None: no success rate).
+    """
 
     env_id: str
     formatter: type[Formatter]
     system_prompt: str
     options: dict[str, Any] = field(default_factory=dict)
+    success: str | None = None
 
 
 _GRID_ACTIONS = "Actions move you one cell; moving into the edge leaves you where you are."
@@ -281,6 +319,7 @@ PRESETS: dict[str, TextPreset] = {
         "than the dealer's without going over 21. 'hit' takes another card; 'stick' ends your "
         "turn. Face cards count 10 and an ace counts 1 or 11.",
         {"action_names": ("stick", "hit")},
+        success="paid",
     ),
     "FrozenLake-v1": TextPreset(
         "FrozenLake-v1",
@@ -289,6 +328,7 @@ PRESETS: dict[str, TextPreset] = {
         "(falling in ends the game), G goal, P you. Reach G without falling into a hole; the "
         f"ice may be slippery. {_GRID_ACTIONS}",
         {"action_names": ("left", "down", "right", "up")},
+        success="paid",
     ),
     "FrozenLake8x8-v1": TextPreset(
         "FrozenLake8x8-v1",
@@ -297,6 +337,7 @@ PRESETS: dict[str, TextPreset] = {
         "(falling in ends the game), G goal, P you. Reach G without falling into a hole; the "
         f"ice may be slippery. {_GRID_ACTIONS}",
         {"action_names": ("left", "down", "right", "up")},
+        success="paid",
     ),
     "CliffWalking-v1": TextPreset(
         "CliffWalking-v1",
@@ -305,6 +346,7 @@ PRESETS: dict[str, TextPreset] = {
         "Cells marked C are a cliff: stepping on one costs -100 and sends you back to the "
         f"start. Every step costs -1, so take a short, safe path. {_GRID_ACTIONS}",
         {"action_names": ("up", "right", "down", "left")},
+        success="terminated",
     ),
     "Taxi-v4": TextPreset(
         "Taxi-v4",
@@ -313,6 +355,7 @@ PRESETS: dict[str, TextPreset] = {
         "up the passenger at their stand and drop them off at the destination stand. Every "
         "move costs -1, a delivery earns +20 and an illegal pickup or dropoff costs -10.",
         {"action_names": ("south", "north", "east", "west", "pickup", "dropoff")},
+        success="terminated",
     ),
     "CartPole-v1": TextPreset(
         "CartPole-v1",
@@ -329,6 +372,7 @@ PRESETS: dict[str, TextPreset] = {
         "at position 0.5. The engine is too weak to climb directly: rock back and forth to "
         "build momentum. Every step costs -1.",
         {"action_names": ("left", "none", "right")},
+        success="terminated",
     ),
     "Acrobot-v1": TextPreset(
         "Acrobot-v1",
@@ -337,6 +381,7 @@ PRESETS: dict[str, TextPreset] = {
         "Apply a negative, zero or positive torque to swing the tip above the height 1.0. "
         "Every step costs -1 until you succeed.",
         {"action_names": ("negative", "none", "positive")},
+        success="terminated",
     ),
     "Pendulum-v1": TextPreset(
         "Pendulum-v1",
