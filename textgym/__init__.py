@@ -3,6 +3,7 @@
 from textgym.checker import check_text_env
 from textgym.formatters import Formatter, FunctionFormatter, GenericFormatter, TemplateFormatter
 from textgym.parsers import ActionParseError, ActionParser, FunctionParser, JSONActionParser
+from textgym.recording import record_trajectories
 from textgym.registration import make_text_env, register, registered_ids
 from textgym.schemas import ActionSchema, schema_from_space
 from textgym.spaces import ChatMessages, UnicodeText
@@ -23,6 +24,7 @@ __all__ = [
     "UnicodeText",
     "check_text_env",
     "make_text_env",
+    "record_trajectories",
     "register",
     "registered_ids",
     "schema_from_space",

@@ -21,7 +21,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from textgym import cli_eval, cli_train
+from textgym import cli_data, cli_eval, cli_train
 from textgym.cli_common import (
     DEFAULT_ENV,
     CLIError,
@@ -40,8 +40,8 @@ from textgym.cli_common import (
 __all__ = ["main"]
 
 EPILOG = """\
-commands need only the core package except train, eval, plot and play --policy, which need
-the agents extra (pip install 'textgym[agents]').
+commands need only the core package except train, eval, plot, sft and play/record --policy,
+which need the agents extra (pip install 'textgym[agents]'); record needs datasets.
 
 examples:
   textgym envs
@@ -50,6 +50,9 @@ examples:
   textgym eval runs/bj embedded
   textgym play textgym/Blackjack-v1 --policy runs/bj
   textgym plot runs/bj runs/bj-lr1e-4 --output curves.png
+  textgym record textgym/Blackjack-v1 --expert benchmarks.warm_start:blackjack_expert \\
+      --output data/bj
+  textgym sft data/bj --output runs/bj-sft
 
 exit codes: 0 ok, 1 failure (one line on stderr; --debug shows the traceback),
 2 usage error, 130 interrupted (Ctrl-C; a training run saves a checkpoint first).
@@ -122,6 +125,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
     cli_train.add_parser(commands, common, train_flags=command == "train")
     cli_eval.add_parsers(commands, common)
+    cli_data.add_parsers(commands, common)
     return parser
 
 

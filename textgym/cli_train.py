@@ -107,6 +107,14 @@ def add_parser(subparsers: Any, common: argparse.ArgumentParser, train_flags: bo
         type=count,
         help=f"greedy evaluation episodes before and after (default: {DEFAULT_EVAL_EPISODES})",
     )
+    train.add_argument(
+        "--sft-data",
+        metavar="DIR",
+        help="warm start: fine-tune on this dataset (from textgym record) before PPO",
+    )
+    train.add_argument(
+        "--sft-epochs", type=float, default=1.0, help="epochs of the warm start (default: 1)"
+    )
     add_env_arg(train)
     if train_flags:
         add_config_flags(train, import_agents().PPOConfig)
@@ -253,7 +261,7 @@ def run_train(args: argparse.Namespace) -> int:
 
     policy = from_pretrained(agents, plan.model, plan.config)
     info = {key: getattr(plan, key) for key in ("env_id", "env_args", "model", "episodes")}
-    info.update(num_envs=plan.num_envs, eval_episodes=plan.eval_episodes)
+    info.update(num_envs=plan.num_envs, eval_episodes=plan.eval_episodes, sft_data=args.sft_data)
     write_run_info(out, {"env": info.pop("env_id"), **info})
     env = make_env(env_id, plan.env_args)
     results = []
@@ -261,6 +269,19 @@ def run_train(args: argparse.Namespace) -> int:
         print(f"Evaluating the base model on {plan.eval_episodes} episodes...", flush=True)
         result = evaluate_policy(agents, policy, env, plan.eval_episodes)
         results.append(("base model", env_id, result))
+    if args.sft_data and plan.checkpoint is None:  # a resumed run's adapter already has it
+        print(f"Warm start: fine-tuning on {args.sft_data}...", flush=True)
+        sft = agents.sft_warm_start(
+            policy, args.sft_data, epochs=args.sft_epochs, progress=plan.config.progress
+        )
+        print(
+            f"SFT: {sft['sft/steps']:.0f} steps, loss {sft['sft/loss_first']:.3f} -> "
+            f"{sft['sft/loss_last']:.3f}",
+            flush=True,
+        )
+        if plan.eval_episodes:
+            result = evaluate_policy(agents, policy, env, plan.eval_episodes)
+            results.append(("after SFT", env_id, result))
     envs = gym.make_vec(env_id, num_envs=plan.num_envs, **plan.env_args)
     try:
         policy.learn(envs, plan.episodes, output_dir=out, resume_from=plan.checkpoint)

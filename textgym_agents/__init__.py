@@ -6,6 +6,7 @@ from textgym_agents.policy import Generation, PPOPolicy
 from textgym_agents.ppo.buffer import RolloutBuffer, Turn
 from textgym_agents.ppo.config import PPOConfig
 from textgym_agents.ppo.trainer import PPOTrainer
+from textgym_agents.sft import sft_warm_start
 
 __all__ = [
     "Agent",
@@ -16,4 +17,5 @@ __all__ = [
     "RolloutBuffer",
     "Turn",
     "evaluate",
+    "sft_warm_start",
 ]
