@@ -7,6 +7,7 @@ from textgym_agents.ppo.buffer import RolloutBuffer, Turn
 from textgym_agents.ppo.config import PPOConfig
 from textgym_agents.ppo.trainer import PPOTrainer
 from textgym_agents.sft import sft_warm_start
+from textgym_agents.trl_env import grpo_dataset, with_tool_template
 
 __all__ = [
     "Agent",
@@ -17,5 +18,7 @@ __all__ = [
     "RolloutBuffer",
     "Turn",
     "evaluate",
+    "grpo_dataset",
     "sft_warm_start",
+    "with_tool_template",
 ]
