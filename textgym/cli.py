@@ -8,7 +8,8 @@
 
 ``envs`` and ``play`` need only the core package; ``train``, ``eval``, ``plot`` and
 ``play --policy`` import :mod:`textgym_agents` (``pip install 'textgym[agents]'``).
-Exit codes: 0 success, 1 failure (one line on stderr), 2 usage error, 130 interrupted.
+Exit codes: 0 success, 1 failure (one line on stderr), 2 usage error, 130 interrupted,
+143 terminated (SIGTERM).
 """
 
 from __future__ import annotations
@@ -55,7 +56,8 @@ examples:
   textgym sft data/bj --output runs/bj-sft
 
 exit codes: 0 ok, 1 failure (one line on stderr; --debug shows the traceback),
-2 usage error, 130 interrupted (Ctrl-C; a training run saves a checkpoint first).
+2 usage error, 130 interrupted (Ctrl-C), 143 terminated (SIGTERM); a training run saves a
+checkpoint first.
 """
 ENVS_EPILOG = """\
 examples:

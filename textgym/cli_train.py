@@ -285,19 +285,20 @@ def run_train(args: argparse.Namespace) -> int:
     envs = gym.make_vec(env_id, num_envs=plan.num_envs, **plan.env_args)
     try:
         policy.learn(envs, plan.episodes, output_dir=out, resume_from=plan.checkpoint)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, agents.Terminated) as stop:  # Ctrl-C or SIGTERM
         from textgym_agents.checkpoint import latest_checkpoint
 
+        what = "Interrupted" if isinstance(stop, KeyboardInterrupt) else "Terminated (SIGTERM)"
         latest = latest_checkpoint(out)
         if latest is None:
-            print(f"Interrupted before any checkpoint of {out} was saved", file=sys.stderr)
+            print(f"{what} before any checkpoint of {out} was saved", file=sys.stderr)
         else:
             print(
-                f"Interrupted; latest checkpoint {latest.name}; continue with: "
+                f"{what}; latest checkpoint {latest.name}; continue with: "
                 f"textgym train --resume {out}",
                 file=sys.stderr,
             )
-        return 130
+        return 130 if isinstance(stop, KeyboardInterrupt) else 143
     finally:
         envs.close()
     if plan.eval_episodes:

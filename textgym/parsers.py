@@ -374,7 +374,9 @@ def _json_spans(text: str, limit: int | None) -> list[tuple[int, int]]:
     """Return ``(start, end)`` of the top-level ``{...}`` spans (at most ``limit`` of them)."""
     spans: list[tuple[int, int]] = []
     depth, start, in_string = 0, 0, False
-    for match in _JSON_TOKENS.finditer(text):
+    # No span can end after the last "}": stop there (a reply of a million "{" costs nothing).
+    last_close = text.rfind("}")
+    for match in _JSON_TOKENS.finditer(text, 0, last_close + 1):
         char, pos = match.group(), match.start()
         if in_string:
             if char == '"' and not _is_escaped(text, pos):

@@ -209,7 +209,10 @@ def _array_node(space: spaces.Space[Any], low: np.ndarray, high: np.ndarray, pat
         return np.asarray(value, dtype=dtype).reshape(shape)
 
     def check_bounds(value: Any) -> Any:
-        array = np.asarray(value, dtype=np.float64).reshape(shape)
+        try:
+            array = np.asarray(value, dtype=np.float64).reshape(shape)
+        except OverflowError:  # an int with hundreds of digits, where no bound applies
+            raise ValueError("a value is too large for the action space") from None
         outside = np.argwhere((array < low) | (array > high))
         if outside.size:
             index = tuple(int(i) for i in outside[0])

@@ -7,6 +7,7 @@ past turns, the new observation) so policies stay stateless: messages in, reply 
 from __future__ import annotations
 
 import copy
+import reprlib
 from collections import deque
 from collections.abc import Mapping
 from typing import Any, SupportsFloat
@@ -245,7 +246,7 @@ class TextEnvWrapper(gym.Wrapper[Messages, str, ObsType, ActType], gym.utils.Rec
         if not self.env.action_space.contains(action):
             return (
                 None,
-                f"the reply maps to {action!r}, which is not in the action space "
+                f"the reply maps to {reprlib.repr(action)}, which is not in the action space "
                 f"{self.env.action_space}",
             )
         return action, None

@@ -5,17 +5,22 @@ from textgym_agents.evaluation import evaluate
 from textgym_agents.policy import Generation, PPOPolicy
 from textgym_agents.ppo.buffer import RolloutBuffer, Turn
 from textgym_agents.ppo.config import PPOConfig
-from textgym_agents.ppo.trainer import PPOTrainer
+from textgym_agents.ppo.run import Terminated
+from textgym_agents.ppo.tracked import EnvFault
+from textgym_agents.ppo.trainer import NonFiniteUpdateError, PPOTrainer
 from textgym_agents.sft import sft_warm_start
 from textgym_agents.trl_env import grpo_dataset, with_tool_template
 
 __all__ = [
     "Agent",
+    "EnvFault",
     "Generation",
+    "NonFiniteUpdateError",
     "PPOConfig",
     "PPOPolicy",
     "PPOTrainer",
     "RolloutBuffer",
+    "Terminated",
     "Turn",
     "evaluate",
     "grpo_dataset",

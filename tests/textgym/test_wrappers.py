@@ -126,6 +126,15 @@ def test_parser_result_outside_action_space_is_invalid():
     assert info["parse_error"] == (
         "the reply maps to 7, which is not in the action space Discrete(2)"
     )
+    # a parser echoing a huge reply back does not put it into the next observation
+    env = TextEnvWrapper(gym.make("Blackjack-v1"), parser=lambda reply: list(reply))
+    env.reset(seed=0)
+    messages, _, _, _, info = env.step("x" * 4000)
+    assert info["parse_error"] == (
+        "the reply maps to ['x', 'x', 'x', 'x', 'x', 'x', ...], which is not in the action "
+        "space Discrete(2)"
+    )
+    assert len(messages[-1]["content"]) < 300
 
 
 def test_buggy_parser_does_not_crash_the_episode():

@@ -132,7 +132,8 @@ def test_train_help_lists_every_ppo_setting(capsys):
     assert "examples:" in out and "AdamW learning rate of the LoRA weights" in out
 
 
-def test_ctrl_c_saves_a_checkpoint_and_resume_continues(tiny_dir, tmp_path, capsys):
+def stop_after_first_update(tiny_dir, tmp_path, signum):
+    """Start `textgym train` in a subprocess, send ``signum`` after its first update."""
     args = ["train", "--model", tiny_dir, "--episodes", "100000", "--eval-episodes", "0"]
     args += [*QUICK, "--save-every", "1000", "--output", "run"]
     process = subprocess.Popen(
@@ -150,9 +151,22 @@ def test_ctrl_c_saves_a_checkpoint_and_resume_continues(tiny_dir, tmp_path, caps
         assert process.poll() is None, process.communicate()
         assert time.monotonic() < deadline
         time.sleep(0.2)
-    process.send_signal(signal.SIGINT)
+    process.send_signal(signum)
     stdout, stderr = process.communicate(timeout=120)
-    assert process.returncode == 130, stderr
+    return process.returncode, stderr
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_143(tiny_dir, tmp_path):
+    code, stderr = stop_after_first_update(tiny_dir, tmp_path, signal.SIGTERM)
+    assert code == 143, stderr
+    assert stderr.strip().splitlines()[-1].startswith("Terminated (SIGTERM); latest checkpoint")
+    assert "Traceback" not in stderr
+    assert latest_checkpoint(tmp_path / "run") is not None
+
+
+def test_ctrl_c_saves_a_checkpoint_and_resume_continues(tiny_dir, tmp_path, capsys):
+    code, stderr = stop_after_first_update(tiny_dir, tmp_path, signal.SIGINT)
+    assert code == 130, stderr
     assert stderr.strip().splitlines()[-1].startswith("Interrupted; latest checkpoint step_")
     assert "continue with: textgym train --resume run" in stderr and "Traceback" not in stderr
     checkpoint = latest_checkpoint(tmp_path / "run")

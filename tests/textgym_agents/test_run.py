@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import textgym  # noqa: F401
-from textgym_agents import PPOConfig, PPOPolicy, evaluate
+from textgym_agents import PPOConfig, PPOPolicy, PPOTrainer, evaluate
 from textgym_agents.checkpoint import latest_checkpoint
 from textgym_agents.testing import tiny_model
 from textgym_agents.tracking import read_metrics
@@ -175,3 +175,64 @@ def test_evaluate_counts_episodes_cut_short_as_failures():
     env = gym.make("textgym/FrozenLake-v1", is_slippery=False, max_episode_steps=8)
     result = evaluate(ScriptedCalculatorPolicy(walk), env, n_episodes=2, num_envs=1)
     assert result["success_rate"] == 0.5
+
+
+# --- exact resume ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("env_id", "env_kwargs", "decoding"),
+    [
+        ("textgym/Blackjack-v1", {}, "free"),
+        ("textgym/Blackjack-v1", {}, "choices"),
+        # invalid replies do not end CartPole episodes here: they run across checkpoints
+        ("textgym/CartPole-v1", {"max_invalid": 1000}, "free"),
+    ],
+    ids=["blackjack", "blackjack-choices", "cartpole-long-episodes"],
+)
+def test_resume_reproduces_the_uninterrupted_run_exactly(tmp_path, env_id, env_kwargs, decoding):
+    """N updates straight == N/2 updates, a fresh process-like restart, N/2 more (CPU, seeded)."""
+    n = 6
+
+    def trainer(run):
+        torch.manual_seed(0)  # the LoRA initialisation draws from torch's global RNG
+        policy = make_policy(tmp_path, num_steps=3, decoding=decoding, kl_coef=0.05)
+        envs = gym.make_vec(env_id, num_envs=3, **env_kwargs)
+        return PPOTrainer(policy, envs, output_dir=run)
+
+    def stop_at(update):
+        def callback(metrics):
+            torch.rand(3)  # a callback may use torch's RNG: checkpoints come after it
+            return False if metrics["train/update"] >= update else None
+
+        return callback
+
+    def weights(t):
+        return [p.detach().clone() for g in t.optimizer.param_groups for p in g["params"]]
+
+    straight = trainer(tmp_path / "straight")
+    initial = weights(straight)
+    straight.train(10**6, callback=stop_at(n))
+    trainer(tmp_path / "resumed").train(10**6, callback=stop_at(n // 2))
+    replay = json.loads((latest_checkpoint(tmp_path / "resumed") / "envs.json").read_text())
+    assert replay["replay"] is not None  # the envs' state was recorded, not dropped
+    resumed = trainer(tmp_path / "resumed")
+    resumed.train(10**6, callback=stop_at(n), resume_from=tmp_path / "resumed")
+
+    after = weights(straight)
+    assert not all(torch.equal(a, b) for a, b in zip(after, initial, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(weights(resumed), after, strict=True))
+    assert (
+        resumed.optimizer.state_dict()["state"].keys()
+        == straight.optimizer.state_dict()["state"].keys()
+    )
+
+    def timeless(lines):
+        return [{k: v for k, v in line.items() if not k.startswith(TIMING)} for line in lines]
+
+    assert timeless(read_metrics(tmp_path / "resumed")) == timeless(
+        read_metrics(tmp_path / "straight")
+    )
+
+
+TIMING = ("time", "throughput/")

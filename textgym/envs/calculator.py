@@ -17,6 +17,7 @@ import numpy as np
 from textgym.envs.calculator_parser import (
     ANSWER_PREFIX,
     MARKUP,
+    MAX_COMMAND_CHARS,
     TOOL_PREFIX,
     CalculatorParser,
     CalculatorReply,
@@ -129,8 +130,8 @@ class CalculatorEnv(gym.Env[str, str]):
         self.rewards = rewards
         self.max_turns = max_turns
         self.render_mode = render_mode
-        self.observation_space = UnicodeText(4096)
-        self.action_space = UnicodeText(4096)
+        self.observation_space = UnicodeText(MAX_COMMAND_CHARS)
+        self.action_space = UnicodeText(MAX_COMMAND_CHARS)
         self._question = self._expression = self._kind = ""
         self._target: float | None = None
         self._turn = self._tool_calls = 0

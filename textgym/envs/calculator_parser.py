@@ -25,10 +25,20 @@ from pydantic import (
 
 from textgym.parsers import ActionParseError, ActionParser
 
-__all__ = ["ANSWER_PREFIX", "MARKUP", "TOOL_PREFIX", "CalculatorParser", "CalculatorReply"]
+__all__ = [
+    "ANSWER_PREFIX",
+    "MARKUP",
+    "MAX_COMMAND_CHARS",
+    "TOOL_PREFIX",
+    "CalculatorParser",
+    "CalculatorReply",
+]
 
 TOOL_PREFIX = "Action: calculator("
 ANSWER_PREFIX = "Answer:"
+# The length of CalculatorEnv's action space (UnicodeText(4096)): the canonical form can be a
+# character or two longer than the reply ("answer:1" -> "Answer: 1").
+MAX_COMMAND_CHARS = 4096
 _NO_ACTION = "no 'Action: calculator(<expression>)' or 'Answer: <number>' found in the reply"
 _KEYWORD = re.compile(r"\b(action|answer)[ \t]*:", re.IGNORECASE)
 _TOOL_NAME = re.compile(r"[\s*`]*([A-Za-z_][\w.]*)[ \t]*(\(?)")
@@ -90,6 +100,16 @@ class CalculatorParser(ActionParser):
         """Return the canonical command described by ``text`` or raise ActionParseError."""
         if not isinstance(text, str):
             raise ActionParseError(f"expected the reply as str, got {type(text).__name__}")
+        command = self._parse(text)
+        if len(command) > MAX_COMMAND_CHARS:
+            raise ActionParseError(
+                f"the command is {len(command)} characters long, over the limit of "
+                f"{MAX_COMMAND_CHARS}",
+                text,
+            )
+        return command
+
+    def _parse(self, text: str) -> str:
         fence = _FENCE_OPEN.search(text)
         if fence is not None:
             end = text.find("```", fence.end())

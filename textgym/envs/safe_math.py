@@ -120,7 +120,10 @@ def evaluate_expression(
             f"expression has {nodes} operands and operations, over the limit of {max_nodes}"
         )
     walker = _Evaluator(max_exponent=max_exponent, max_magnitude=max_magnitude)
-    return float(walker.visit(tree.body))
+    try:
+        return float(walker.visit(tree.body))
+    except OverflowError:  # only reachable with max_magnitude above the float range
+        raise UnsafeExpressionError("result is too large for a float") from None
 
 
 def format_number(value: float) -> str:

@@ -5,6 +5,7 @@ Pure torch, no model code, so every function can be tested against a naive refer
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import torch
@@ -346,6 +347,9 @@ class AdaptiveKLController:
         >>> kl_ctl.update(current_kl=12.0, n_steps=1_000)  # KL too high: raise β by 2%
         >>> round(kl_ctl.value, 6)
         0.102
+        >>> kl_ctl.update(current_kl=float("nan"), n_steps=1_000)
+        >>> round(kl_ctl.value, 6)
+        0.102
     """
 
     def __init__(self, init_kl_coef: float, target: float, horizon: int) -> None:
@@ -359,6 +363,11 @@ class AdaptiveKLController:
         self.horizon = horizon
 
     def update(self, current_kl: float, n_steps: int) -> None:
-        """Scale β by ``1 + clip(current_kl / target - 1, ±0.2) * n_steps / horizon``."""
+        """Scale β by ``1 + clip(current_kl / target - 1, ±0.2) * n_steps / horizon``.
+
+        A non-finite KL (from a diverged batch) leaves β unchanged: NaN would stick for good.
+        """
+        if not math.isfinite(current_kl):
+            return
         proportional_error = min(max(float(current_kl) / self.target - 1.0, -0.2), 0.2)
         self.value *= 1.0 + proportional_error * n_steps / self.horizon

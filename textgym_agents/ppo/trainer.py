@@ -19,14 +19,36 @@ import torch
 from textgym_agents.ppo import core
 from textgym_agents.ppo.buffer import RolloutBuffer, Turn
 from textgym_agents.ppo.rollout import EpisodeStats, RolloutCollector, as_vector_env
+from textgym_agents.ppo.tracked import TrackedVectorEnv
 
-__all__ = ["PPOTrainer"]
+__all__ = ["NonFiniteUpdateError", "PPOTrainer"]
 
 logger = logging.getLogger(__name__)
 
 
+class NonFiniteUpdateError(FloatingPointError):
+    """Several updates in a row had a non-finite loss or gradient: training cannot go on.
+
+    Raised by :meth:`PPOTrainer.update` once the update has been fully accounted for (its
+    finite optimizer steps applied, counters advanced), so the state can be checkpointed.
+
+    Attributes:
+        metrics: The metrics of the update that raised.
+    """
+
+    def __init__(self, message: str, metrics: dict[str, float]) -> None:
+        super().__init__(message)
+        self.metrics = metrics
+
+
 class PPOTrainer:
     """Trains a :class:`~textgym_agents.PPOPolicy` by PPO on a text env.
+
+    An optimizer step whose loss or gradient is not finite (NaN or inf) is skipped with a
+    warning and counted (``train/nonfinite_steps``, ``train/nonfinite_total``); after
+    ``max_nonfinite_updates`` updates in a row with such a step, :meth:`update` raises
+    :class:`NonFiniteUpdateError`. An exception inside an env becomes an
+    :class:`~textgym_agents.ppo.tracked.EnvFault` naming the env, episode and step.
 
     Example:
         >>> import gymnasium as gym, textgym
@@ -41,18 +63,32 @@ class PPOTrainer:
     """
 
     def __init__(
-        self, policy: Any, envs: Any = None, *, output_dir: str | Path | None = None
+        self,
+        policy: Any,
+        envs: Any = None,
+        *,
+        output_dir: str | Path | None = None,
+        max_nonfinite_updates: int = 3,
     ) -> None:
         """Create the trainer.
 
         Args:
             policy: The :class:`~textgym_agents.PPOPolicy` to train (its config is used).
-            envs: A text env or vector env; None when every buffer is filled by hand.
+            envs: A text env or vector env; None when every buffer is filled by hand. It is
+                wrapped in a :class:`~textgym_agents.ppo.tracked.TrackedVectorEnv`
+                (``trainer.envs``), which counts episodes and records what resuming replays.
             output_dir: Run directory for metrics, checkpoints and plots (None: no files).
+            max_nonfinite_updates: Stop (raise :class:`NonFiniteUpdateError`) after this many
+                updates in a row that each had an optimizer step with a non-finite loss or
+                gradient (those steps are skipped either way).
         """
+        if not (isinstance(max_nonfinite_updates, int) and max_nonfinite_updates >= 1):
+            raise ValueError(
+                f"max_nonfinite_updates must be an int >= 1, got {max_nonfinite_updates!r}"
+            )
         self.policy = policy
         self.config = config = policy.config
-        self.envs = as_vector_env(envs) if envs is not None else None
+        self.envs = TrackedVectorEnv(as_vector_env(envs)) if envs is not None else None
         self.collector = RolloutCollector(self.envs, config.seed) if self.envs is not None else None
         lora_params, head_params = policy.trainable_parameters()
         self.optimizer = torch.optim.AdamW(
@@ -73,6 +109,9 @@ class PPOTrainer:
         self.update_step = 0
         self.episodes = 0
         self.turns = 0
+        self.max_nonfinite_updates = max_nonfinite_updates
+        self.nonfinite_streak = 0  # updates in a row with a skipped (non-finite) step
+        self.nonfinite_total = 0  # optimizer steps skipped over the run
 
     # --- rollout -----------------------------------------------------------------------------
 
@@ -89,7 +128,12 @@ class PPOTrainer:
     def update(
         self, buffer: RolloutBuffer, episodes: list[EpisodeStats] | None = None
     ) -> dict[str, float]:
-        """Score the buffer, compute advantages and run the PPO epochs; return metrics."""
+        """Score the buffer, compute advantages and run the PPO epochs; return metrics.
+
+        Raises:
+            NonFiniteUpdateError: This update and the ``max_nonfinite_updates - 1`` before it
+                each skipped an optimizer step with a non-finite loss or gradient.
+        """
         turns = buffer.turns()
         if not turns:
             raise ValueError("The rollout buffer is empty")
@@ -103,8 +147,11 @@ class PPOTrainer:
         update_s = time.perf_counter() - start
 
         mean_kl = float(np.mean([t.kl for t in turns]))
-        self.kl_ctl.update(mean_kl, len(turns))
+        self.kl_ctl.update(mean_kl, len(turns))  # a non-finite KL leaves beta unchanged
         self.update_step += 1
+        skipped = int(stats.pop("train/nonfinite_steps"))
+        self.nonfinite_total += skipped
+        self.nonfinite_streak = self.nonfinite_streak + 1 if skipped else 0
         self.turns += len(turns)
         values = torch.tensor([t.value for t in turns])
         returns = torch.tensor([t.returns for t in turns])
@@ -119,12 +166,24 @@ class PPOTrainer:
             "value/explained_var": float(core.explained_variance(values, returns)),
             "time/score_s": score_s,
             "time/update_s": update_s,
+            "train/nonfinite_steps": skipped,
+            "train/nonfinite_total": self.nonfinite_total,
             **stats,
         }
         if self._uses_kl:  # else the reference was not scored
             metrics["objective/kl"] = mean_kl
         metrics.update(self._episode_metrics(episodes or []))
         buffer.clear()
+        if self.nonfinite_streak >= self.max_nonfinite_updates:
+            first = self.update_step - self.nonfinite_streak + 1
+            raise NonFiniteUpdateError(
+                f"Updates {first}-{self.update_step} each had a non-finite loss or gradient "
+                f"({self.nonfinite_streak} in a row, max_nonfinite_updates="
+                f"{self.max_nonfinite_updates}; {self.nonfinite_total} optimizer steps skipped "
+                "in all), so training stopped. Look for NaN/inf rewards from the env, a "
+                "learning rate that is too high, or weights that are already non-finite.",
+                metrics,
+            )
         return metrics
 
     def _batches(self, order: np.ndarray, turns: list[Turn]) -> Iterator[list[list[int]]]:
@@ -206,7 +265,7 @@ class PPOTrainer:
         config = self.config
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
         sums: dict[str, float] = {}
-        count = 0
+        count = skipped = 0
         stop = False
         for epoch in range(config.num_epochs):
             order = first_order if epoch == 0 else self.rng.permutation(len(turns))
@@ -221,11 +280,23 @@ class PPOTrainer:
                         step_stats[key] = step_stats.get(key, 0.0) + value
                 grad_norm = torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
                 step_stats["policy/grad_norm"] = float(grad_norm)
-                if not math.isfinite(step_stats["policy/grad_norm"]):
-                    logger.warning("Non-finite gradient norm; skipping this optimizer step")
+                if not (
+                    math.isfinite(step_stats["loss/total"])
+                    and math.isfinite(step_stats["policy/grad_norm"])
+                ):
+                    # A NaN step would poison the weights and Adam's moments for good.
+                    logger.warning(
+                        "Update %d, epoch %d: non-finite loss (%s) or gradient norm (%s); "
+                        "skipping this optimizer step",
+                        self.update_step + 1,
+                        epoch + 1,
+                        step_stats["loss/total"],
+                        step_stats["policy/grad_norm"],
+                    )
                     self.optimizer.zero_grad(set_to_none=True)
-                else:
-                    self.optimizer.step()
+                    skipped += 1
+                    continue
+                self.optimizer.step()
                 for key, value in step_stats.items():
                     sums[key] = sums.get(key, 0.0) + value
                 count += 1
@@ -240,6 +311,7 @@ class PPOTrainer:
         metrics = {key: value / max(count, 1) for key, value in sums.items()}
         metrics["train/epochs_done"] = epoch + 1
         metrics["train/early_stop"] = float(stop)
+        metrics["train/nonfinite_steps"] = skipped
         return metrics
 
     def _micro_step(

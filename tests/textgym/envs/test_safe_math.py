@@ -4,6 +4,8 @@ import math
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from textgym.envs.safe_math import UnsafeExpressionError, evaluate_expression, format_number
 
@@ -151,3 +153,84 @@ def test_hostile_inputs_fail_fast(expr: str) -> None:
 )
 def test_format_number(value: float, text: str) -> None:
     assert format_number(value) == text
+
+
+# --- Property: anything a model writes is a finite number or a refusal, quickly -------------
+
+numbers = st.one_of(
+    st.integers(-(10**6), 10**6).map(str),
+    st.floats(allow_nan=False, allow_infinity=False).map(repr),
+    st.sampled_from(["0", "0.0", "1e308", "1e-320", "9" * 150, "0.5", "1e100", "1_0", "0x1F"]),
+)
+operators = st.sampled_from(["+", "-", "*", "/", "//", "%", "**", "^", "<<", "@", "<"])
+expressions = st.recursive(
+    numbers | st.sampled_from(["x", "sqrt", "True", "'1'", "None", "(1).real", "[1]"]),
+    lambda inner: st.one_of(
+        st.tuples(inner, operators, inner).map(lambda t: f"({t[0]} {t[1]} {t[2]})"),
+        inner.map(lambda x: f"-{x}"),
+        inner.map(lambda x: f"sqrt({x})"),
+        inner.map(lambda x: f"__import__({x})"),
+    ),
+    max_leaves=40,
+)
+LIFTED = {"max_length": 10_000, "max_nodes": 10_000}
+
+
+def evaluate_or_refuse(expr: str, **limits: float) -> float | None:
+    start = time.perf_counter()
+    try:
+        value = evaluate_expression(expr, **limits)
+    except UnsafeExpressionError:
+        value = None
+    assert time.perf_counter() - start < 0.5
+    assert value is None or (isinstance(value, float) and math.isfinite(value))
+    return value
+
+
+@pytest.mark.parametrize(
+    "limits",
+    [
+        {},
+        LIFTED,
+        {**LIFTED, "max_magnitude": math.inf, "max_exponent": 1_000},
+        {**LIFTED, "max_magnitude": 1e300, "max_exponent": math.inf},
+    ],
+    ids=["default", "long", "no-magnitude-limit", "no-exponent-limit"],
+)
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(expr=expressions | st.text())
+def test_any_text_is_a_finite_number_or_refused_quickly(limits, expr):
+    evaluate_or_refuse(expr, **limits)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(
+    expr=st.recursive(
+        st.integers(-50, 50).map(str),
+        lambda inner: st.tuples(inner, st.sampled_from(["+", "-", "*"]), inner).map(
+            lambda t: f"({t[0]} {t[1]} {t[2]})"
+        ),
+        max_leaves=25,
+    )
+)
+def test_integer_arithmetic_matches_a_reference(expr):
+    """+, - and * of small ints, checked against a stack evaluator written independently."""
+    tokens = expr.replace("(", " ( ").replace(")", " ) ").split()
+
+    def value(i: int) -> tuple[int, int]:  # fully parenthesised: ( a op b ) or a literal
+        if tokens[i] != "(":
+            return int(tokens[i]), i + 1
+        left, i = value(i + 1)
+        op = tokens[i]
+        right, i = value(i + 1)
+        result = left + right if op == "+" else left - right if op == "-" else left * right
+        return result, i + 1
+
+    expected = value(0)[0]
+    if abs(expected) <= 1e100:
+        assert evaluate_expression(expr, max_length=10_000) == float(expected)
+
+
+def test_overflow_past_the_float_range_is_refused():
+    with pytest.raises(UnsafeExpressionError, match="^result is too large for a float$"):
+        evaluate_expression("10 ** 400 / 1", max_magnitude=math.inf, max_exponent=1000)
