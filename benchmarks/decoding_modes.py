@@ -1,13 +1,14 @@
 """Decoding modes of the embedded model, zero-shot and after training, measured in one run.
 
-For each env: the invalid-reply rate and seconds per turn of ``free`` text and ``choices``
-(where the env lists its valid replies), greedy, over the same episodes. Then Blackjack's
-greedy mean return after the same training budget in each mode.
+For each env: the invalid-reply rate and seconds per turn of ``free`` text, ``choices`` (where
+the env lists its valid replies) and ``constrained`` (where it has a reply JSON schema), greedy,
+over the same episodes. Then Blackjack's greedy mean return after the same training budget in
+each mode.
 
     python benchmarks/decoding_modes.py [--episodes 50] [--train-hands 500] [--eval-hands 500]
 
-Target (decoding-modes issue): 0% invalid replies with ``choices``, and ``choices`` faster per
-turn than ``free``. (``constrained`` decoding is not implemented yet.)
+Targets (decoding-modes issue): 0% invalid replies with ``choices`` and ``constrained``, and
+``choices`` faster per turn than ``free``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 
 import textgym  # noqa: F401
 from textgym_agents import PPOConfig, PPOPolicy, evaluate
-from textgym_agents.ppo.rollout import reply_choices
+from textgym_agents.ppo.rollout import reply_choices, reply_schemas
 
 ENVS = ["textgym/Blackjack-v1", "textgym/FrozenLake-v1", "textgym/Calculator-v0"]
 
@@ -31,6 +32,10 @@ MODES = {
     "free": {"decoding": "free"},
     "free+prefix": {"decoding": "free", "reply_prefix": '{"action": "', "stop_strings": ['"']},
     "choices": {"decoding": "choices", "reply_prefix": '{"action": "'},
+    # No prefix: the grammar writes the whole reply, so one setting serves every env.
+    "constrained": {"decoding": "constrained"},
+    # The JSON start as a prefix (the grammar consumes it): fewer forced tokens to generate.
+    "constrained+prefix": {"decoding": "constrained", "reply_prefix": '{"action": "'},
 }
 
 
@@ -62,30 +67,37 @@ def main() -> None:
     policy = PPOPolicy.from_pretrained(args.model, config=config("free"))
 
     print(f"zero-shot, greedy, {args.episodes} episodes per env")
-    print(f"{'env':<24}{'mode':<13}{'invalid':>9}{'s/turn':>9}{'mean return':>13}")
+    print(f"{'env':<24}{'mode':<19}{'invalid':>9}{'s/turn':>9}{'mean return':>13}")
     for env_id in ENVS:
         modes = ["free"]
-        if reply_choices(gym.make_vec(env_id, num_envs=1)) is not None:
+        probe = gym.make_vec(env_id, num_envs=1)
+        if reply_choices(probe) is not None:
             modes += ["free+prefix", "choices"]
+        if reply_schemas(probe) is not None:
+            modes += (
+                ["constrained", "constrained+prefix"] if "choices" in modes else ["constrained"]
+            )
+        probe.close()
         timings = {}
         for mode in modes:
             r = zero_shot(policy, env_id, mode, args.episodes)
             timings[mode] = r["s_per_turn"]
             print(
-                f"{env_id:<24}{mode:<13}{r['invalid_rate']:>9.1%}{r['s_per_turn']:>9.2f}"
+                f"{env_id:<24}{mode:<19}{r['invalid_rate']:>9.1%}{r['s_per_turn']:>9.2f}"
                 f"{r['mean_return']:>+13.3f}",
                 flush=True,
             )
-        if "choices" in timings:
-            speedup = timings["free"] / timings["choices"]
-            print(f"{'':<24}choices: {speedup:.1f}x faster per turn than free")
+        for mode in ("choices", "constrained", "constrained+prefix"):
+            if mode in timings:
+                speedup = timings["free"] / timings[mode]
+                print(f"{'':<24}{mode}: {speedup:.1f}x faster per turn than free")
 
     if args.train_hands <= 0:
         return
     print(f"\nBlackjack: greedy mean return over {args.eval_hands} hands after ", end="")
     print(f"{args.train_hands} training hands (same PPO settings)")
     eval_env = gym.make("textgym/Blackjack-v1")
-    for mode in ["free+prefix", "choices"]:
+    for mode in ["free+prefix", "choices", "constrained"]:
         torch.manual_seed(0)
         settings = dict(num_steps=4, minibatch_size=32, micro_batch_size=16, kl_coef=0.0)
         policy = PPOPolicy.from_pretrained(args.model, config=config(mode, **settings))
@@ -95,7 +107,7 @@ def main() -> None:
         seconds = time.perf_counter() - start
         r = evaluate(policy, eval_env, args.eval_hands, seed=10_000)
         print(
-            f"{mode:<13} mean return {r['mean_return']:+.3f}  invalid {r['invalid_rate']:.1%}  "
+            f"{mode:<19} mean return {r['mean_return']:+.3f}  invalid {r['invalid_rate']:.1%}  "
             f"training {seconds:.0f} s",
             flush=True,
         )

@@ -296,6 +296,8 @@ def run_play(args: argparse.Namespace) -> int:
             else:
                 time.sleep(args.delay)
                 kwargs = {"choices": choices} if policy.wants_choices else {}
+                if getattr(policy, "wants_schemas", False):
+                    kwargs["schemas"] = env.get_wrapper_attr("reply_schema")()
                 reply = policy.act(messages, greedy=not args.sample, **kwargs)
                 _show({"role": "assistant", "content": reply})
             messages, reward, terminated, truncated, step_info = env.step(reply)

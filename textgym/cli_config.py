@@ -295,7 +295,7 @@ def env_defaults(choices: Sequence[str] | None, given: Mapping[str, Any]) -> dic
         values["micro_batch_size"] = min(values["micro_batch_size"], minibatch)
     values["decoding"] = decoding = given.get("decoding", "choices" if choices else "free")
     prefix = reply_prefix_of(choices)
-    if prefix and decoding in ("choices", "auto"):
+    if prefix and decoding in ("choices", "constrained", "auto"):
         values["reply_prefix"] = prefix
     elif prefix and decoding == "free" and prefix[-1] in "\"'":
         values.update(reply_prefix=prefix, stop_strings=[prefix[-1]], max_new_tokens=8)

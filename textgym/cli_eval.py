@@ -92,7 +92,9 @@ def add_parsers(subparsers: Any, common: argparse.ArgumentParser) -> None:
         "--sample", action="store_true", help="sample replies instead of greedy decoding"
     )
     evaluate.add_argument(
-        "--decoding", choices=["free", "choices", "auto"], help="override the policy's decoding"
+        "--decoding",
+        choices=["free", "choices", "constrained", "auto"],
+        help="override the policy's decoding",
     )
     evaluate.add_argument("--json", action="store_true", help="print the results as JSON")
     add_env_arg(evaluate)

@@ -51,8 +51,9 @@ class ActionParseError(ValueError):
 class ActionParser(ABC):
     """Maps reply text to an env action and tells the model which format to use.
 
-    Subclasses implement :meth:`parse` and :meth:`instructions`; :meth:`example` and
-    :meth:`choices` are optional and enable round-trip checks and choice decoding.
+    Subclasses implement :meth:`parse` and :meth:`instructions`; :meth:`example`,
+    :meth:`choices` and :meth:`reply_schema` are optional and enable round-trip checks, choice
+    decoding and constrained decoding.
     """
 
     @abstractmethod
@@ -69,6 +70,10 @@ class ActionParser(ABC):
 
     def choices(self) -> list[str] | None:
         """Return every valid reply of a finite action set (one per action), or None."""
+        return None
+
+    def reply_schema(self) -> dict[str, Any] | None:
+        """Return a JSON schema every reply satisfying it parses (constrained decoding), or None."""
         return None
 
     def __eq__(self, other: object) -> bool:
@@ -261,6 +266,10 @@ class JSONActionParser(ActionParser):
         if self.schema.actions is None or self._from_action is None:
             return None
         return [_compact_json(self._from_action(a)) for a in self.schema.actions]
+
+    def reply_schema(self) -> dict[str, Any]:
+        """Return the JSON schema of the Pydantic model replies are validated against."""
+        return self.model.model_json_schema()
 
     def _default_example(self) -> str | None:
         if self.schema.actions is not None and self._from_action is not None:

@@ -283,6 +283,22 @@ class TextEnvWrapper(gym.Wrapper[Messages, str, ObsType, ActType], gym.utils.Rec
         """
         return self.parser.choices()
 
+    def reply_schema(self) -> dict[str, Any] | None:
+        """Return the JSON schema of valid replies, or None when the parser has none.
+
+        A reply that satisfies it parses (see
+        :meth:`~textgym.parsers.ActionParser.reply_schema`), so a policy can restrict its
+        generation to it (constrained decoding). Vector envs answer with
+        ``envs.call("reply_schema")``.
+
+        Example:
+            >>> import gymnasium as gym
+            >>> env = TextEnvWrapper(gym.make("Blackjack-v1"), action_names=["stick", "hit"])
+            >>> env.reply_schema()["properties"]["action"]["enum"]
+            ['stick', 'hit']
+        """
+        return self.parser.reply_schema()
+
     def _messages(self) -> Messages:
         messages = [{"role": "system", "content": self.system_prompt}]
         for user, assistant in self._turns:

@@ -24,6 +24,10 @@ class _NoTraining:
     def wants_choices(self) -> bool:
         return getattr(self.policy, "wants_choices", False)
 
+    @property
+    def wants_schemas(self) -> bool:
+        return getattr(self.policy, "wants_schemas", False)
+
     def generate(self, batch: Any, **kwargs: Any) -> Any:
         return self.policy.generate(batch, greedy=self.greedy, **kwargs)
 

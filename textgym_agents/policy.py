@@ -1,8 +1,9 @@
 """``PPOPolicy``: chat messages in, reply text out — an LLM with a LoRA adapter and a value head.
 
 The policy only sees text, so it works with every textgym env. Generation is batched (left
-padding, KV cache) or, with choice decoding, picks one of the env's valid replies by scoring
-them all; scoring for training lives in :mod:`textgym_agents.scoring`.
+padding, KV cache), optionally restricted to the env's reply grammar (constrained decoding), or,
+with choice decoding, picks one of the env's valid replies by scoring them all; scoring for
+training lives in :mod:`textgym_agents.scoring`.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from textgym_agents.checkpoint import (
     save_tensors,
 )
 from textgym_agents.choices import choice_token_ids
+from textgym_agents.constrained import GrammarCompiler, decoding_mode
 from textgym_agents.models import (
     ValueHead,
     attach_lora,
@@ -103,6 +105,7 @@ class PPOPolicy(PolicyScoring):
         self.eos_ids = _eos_ids(tokenizer, self.model)
         self._prefix_cache: tuple[str | None, list[int]] = (None, [])
         self._choice_cache: dict[tuple[str, tuple[str, ...]], list[list[int]]] = {}
+        self._grammars: GrammarCompiler | None = None  # built on first constrained generation
         self.model.eval()  # no dropout: PPO's old and new log-probs must match
 
     @classmethod
@@ -161,25 +164,36 @@ class PPOPolicy(PolicyScoring):
         greedy: bool = False,
         max_new_tokens: int | None = None,
         choices: Sequence[Sequence[str] | None] | None = None,
+        schemas: Sequence[dict[str, Any] | None] | None = None,
     ) -> Generation:
         """Generate one reply per conversation in a single batched call.
 
         Args:
             batch: Conversations (lists of chat messages).
             greedy: Pick the most likely reply instead of sampling.
-            max_new_tokens: Override of ``config.max_new_tokens`` (free text).
+            max_new_tokens: Override of ``config.max_new_tokens`` (free and constrained text).
             choices: Each conversation's valid replies (``env.reply_choices()``), used when
                 ``config.decoding`` is ``"choices"`` or ``"auto"``: the reply is then one of
                 them, drawn from the model's distribution over them.
+            schemas: Each conversation's reply JSON schema (``reply_schemas(envs)``), used when
+                ``config.decoding`` is ``"constrained"`` or ``"auto"``: the reply then satisfies
+                it, sampled from the model's distribution renormalised over allowed tokens.
         """
         prompts = [self.encode(messages) for messages in batch]
         if not prompts:
             return Generation([], [], [])
-        if self._uses_choices(choices, len(prompts)):
+        config = self.config
+        mode = decoding_mode(config.decoding, len(prompts), choices, schemas)
+        if mode == "choices":
             return self._choose(prompts, choices, greedy)  # type: ignore[arg-type]
-        pad, config = self.tokenizer.pad_token_id, self.config
+        pad, budget = self.tokenizer.pad_token_id, max_new_tokens or config.max_new_tokens
         input_ids, attention_mask, extra = generation_inputs(self.model, prompts, pad=pad)
-        if config.stop_strings:
+        grammar = None
+        if mode == "constrained":  # stop strings end a reply only where the grammar accepts
+            compiler = self._grammar_compiler()
+            grammar = compiler.mask(schemas, self._prefix_ids(), config.stop_strings, budget)  # type: ignore[arg-type]
+            extra["logits_processor"] = [grammar]
+        elif config.stop_strings:
             extra.update(stop_strings=config.stop_strings, tokenizer=self.tokenizer)
         sampling: dict[str, Any] = {"do_sample": False, "top_k": None}
         if not greedy:
@@ -188,18 +202,24 @@ class PPOPolicy(PolicyScoring):
         output = self.model.generate(
             input_ids=input_ids,
             attention_mask=attention_mask,
-            max_new_tokens=max_new_tokens or config.max_new_tokens,
+            max_new_tokens=budget,
             pad_token_id=pad,
             eos_token_id=sorted(self.eos_ids),
             use_cache=True,
             **sampling,
             **extra,
         )
-        width = input_ids.shape[1]
-        responses = [self._cut(row[width:].tolist()) for row in output.cpu()]
+        rows = [row[input_ids.shape[1] :].tolist() for row in output.cpu()]
+        responses = grammar.replies(rows, self._cut) if grammar else [self._cut(r) for r in rows]
         texts = self.tokenizer.batch_decode(responses, skip_special_tokens=True)
         prefix = config.reply_prefix
         return Generation(prompts, responses, [prefix + text for text in texts])
+
+    def _grammar_compiler(self) -> GrammarCompiler:
+        if self._grammars is None:
+            vocab_size = self._lm_head().weight.shape[0]
+            self._grammars = GrammarCompiler(self.tokenizer, vocab_size, self.eos_ids)
+        return self._grammars
 
     def act(
         self,
@@ -207,41 +227,33 @@ class PPOPolicy(PolicyScoring):
         *,
         greedy: bool = False,
         choices: Sequence[str] | Sequence[Sequence[str] | None] | None = None,
+        schemas: dict[str, Any] | Sequence[dict[str, Any] | None] | None = None,
     ) -> str | list[str]:
         """Reply to one conversation (returns a str) or to a batch (returns a list of str).
 
         ``observations`` is what a text env returns: one list of ``{"role", "content"}``
         messages, or a sequence of them (a vector env's batch). ``choices`` are the valid
-        replies for choice decoding (``env.reply_choices()``): one list for one conversation,
-        a list per conversation for a batch.
+        replies for choice decoding (``env.reply_choices()``), ``schemas`` the reply JSON
+        schema for constrained decoding: one for one conversation, one per conversation for
+        a batch.
         """
         single = _is_conversation(observations)
         batch = [observations] if single else list(observations)  # type: ignore[list-item]
-        if single and choices is not None:
-            choices = [choices]  # type: ignore[list-item]
-        texts = self.generate(batch, greedy=greedy, choices=choices).texts  # type: ignore[arg-type]
+        if single:
+            choices = None if choices is None else [choices]  # type: ignore[list-item]
+            schemas = None if schemas is None else [schemas]  # type: ignore[list-item]
+        texts = self.generate(batch, greedy=greedy, choices=choices, schemas=schemas).texts  # type: ignore[arg-type]
         return texts[0] if single else texts
 
     @property
     def wants_choices(self) -> bool:
         """Whether :meth:`generate` uses the envs' valid replies (``config.decoding``)."""
-        return self.config.decoding != "free"
+        return self.config.decoding in ("choices", "auto")
 
-    def _uses_choices(self, choices: Sequence[Sequence[str] | None] | None, size: int) -> bool:
-        mode = self.config.decoding
-        if mode == "free":
-            return False
-        if choices is not None and len(choices) != size:
-            raise ValueError(f"Got {len(choices)} choice lists for {size} conversations")
-        if choices is None or any(c is None for c in choices):
-            if mode == "choices":
-                raise ValueError(
-                    "config.decoding='choices' needs the valid replies of every conversation: "
-                    "pass choices=env.reply_choices() (a vector env: envs.call('reply_choices')), "
-                    "or use decoding='auto' to fall back to free text"
-                )
-            return False
-        return True
+    @property
+    def wants_schemas(self) -> bool:
+        """Whether :meth:`generate` uses the envs' reply schemas (``config.decoding``)."""
+        return self.config.decoding in ("constrained", "auto")
 
     def choice_ids(self, replies: Sequence[str]) -> list[list[int]]:
         """Token ids the policy scores for each valid reply (cached per set of replies)."""

@@ -3,7 +3,9 @@
 Scoring runs prompt + reply through the model once (right padding; the rows' shared prefix
 once) and reads the log-probs of the reply tokens and the value of the last prompt token.
 Rows decoded by choices get the log-prob of their choice under the distribution over all of
-them. :class:`PolicyScoring` is the part of :class:`~textgym_agents.PPOPolicy` that does it.
+them; replies sampled under a grammar, their tokens' log-probs under the distribution
+renormalised over the tokens the grammar allowed. :class:`PolicyScoring` is the part of
+:class:`~textgym_agents.PPOPolicy` that does it.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import torch
 from torch import nn
 
 from textgym_agents.choices import ChoiceScores, merge_rows, score_choices
+from textgym_agents.constrained import allowed_tokens, mask_logits
 from textgym_agents.ppo.core import entropy, logprobs_from_logits
 from textgym_agents.prefix import continue_rows, decoder_hidden_states, run_rows
 
@@ -58,9 +61,12 @@ class PolicyScoring:
         """Per-token log-probs of ``responses`` given ``prompts`` and the value of each prompt.
 
         Log-probs use the sampling temperature, so they are those of the distribution that
-        generated the replies. A row with ``choices`` (its choices' token ids; the response
-        is one of them) gets one log-prob, that of the response under the distribution over
-        its choices, in column 0 (entropy likewise). With ``adapter=False`` the base model
+        generated the replies; a reply sampled under a grammar (a
+        :class:`~textgym_agents.constrained.ConstrainedReply`) is scored under the distribution
+        renormalised over the tokens its grammar allowed, entropy included. A row with
+        ``choices`` (its choices' token ids; the response is one of them) gets one log-prob,
+        that of the response under the distribution over its choices, in column 0 (entropy
+        likewise). With ``adapter=False`` the base model
         (the PPO reference) is scored. Gradients flow when called outside ``torch.no_grad()``.
         """
         if not adapter:
@@ -167,6 +173,9 @@ class PolicyScoring:
         reply_hidden = hidden.gather(1, positions[..., None].expand(-1, -1, hidden.shape[-1]))
         logits = self._lm_head()(reply_hidden).float()  # (B, T, V)
         temperature = self.config.temperature
+        allowed = allowed_tokens(responses, reply_width, logits.shape[-1], device)  # (B, T, V)
+        if allowed is not None:
+            logits, temperature = mask_logits(logits, allowed, temperature), 1.0
         logps = logprobs_from_logits(logits, labels.to(device), temperature=temperature)
         value = None
         if values:

@@ -6,6 +6,7 @@ equivalent; the result is the command string :class:`~textgym.envs.calculator.Ca
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Callable
 from functools import partial
@@ -44,6 +45,28 @@ _KEYWORD = re.compile(r"\b(action|answer)[ \t]*:", re.IGNORECASE)
 _TOOL_NAME = re.compile(r"[\s*`]*([A-Za-z_][\w.]*)[ \t]*(\(?)")
 _FENCE_OPEN = re.compile(r"```[ \t]*json", re.IGNORECASE)
 MARKUP = " \t\r\n*`"
+# What constrained decoding may write: a calculator call or a numeric answer, in JSON. A subset
+# of what the parser accepts ("thought" is left out to keep replies short); the expression is
+# at most as long as the env's evaluator accepts.
+REPLY_SCHEMA: dict[str, Any] = {
+    "anyOf": [
+        {
+            "type": "object",
+            "properties": {
+                "tool": {"const": "calculator"},
+                "expression": {"type": "string", "minLength": 1, "maxLength": 200},
+            },
+            "required": ["tool", "expression"],
+            "additionalProperties": False,
+        },
+        {
+            "type": "object",
+            "properties": {"answer": {"type": "number"}},
+            "required": ["answer"],
+            "additionalProperties": False,
+        },
+    ]
+}
 
 
 class CalculatorReply(BaseModel):
@@ -157,6 +180,10 @@ class CalculatorParser(ActionParser):
             '"expression", or "answer". Example reply:\n'
             '{"thought": "The calculator returned 56088.", "answer": "56088"}'
         )
+
+    def reply_schema(self) -> dict[str, Any]:
+        """Return :data:`REPLY_SCHEMA`: JSON tool calls and numeric answers."""
+        return copy.deepcopy(REPLY_SCHEMA)
 
     def example(self, action: Any) -> str | None:
         """Return the canonical command itself when it parses back to ``action``."""

@@ -45,12 +45,18 @@ class PPOConfig:
     reply_prefix: str = _help(
         "", "Text every reply starts with (assistant prefill); the env receives prefix + reply."
     )
-    stop_strings: list[str] = _help([], "Generation stops after any of these (kept in the reply).")
+    stop_strings: list[str] = _help(
+        [],
+        "Generation stops after any of these (kept in the reply); with constrained decoding, "
+        "only where the reply is complete.",
+    )
     decoding: str = _help(
         "free",
         "How replies are produced: 'free' samples text that the env parses; 'choices' scores "
         "every valid reply the env lists (reply_choices()) and samples one, so none is invalid; "
-        "'auto' uses choices where the env lists them and free text elsewhere.",
+        "'constrained' samples only text that satisfies the env's reply JSON schema "
+        "(llguidance); 'auto' uses choices where the env lists them, else constrained where it "
+        "has a schema, else free text.",
     )
     choice_length_norm: bool = _help(
         False, "Choices: rank replies by mean token log-prob instead of the sum (TWOSOME)."
@@ -112,7 +118,7 @@ class PPOConfig:
         for name in ["clip_range_value", "target_kl"]:
             value = getattr(self, name)
             _check(self, name, value is None or (_number(value) and value > 0), "> 0 or None")
-        modes = ("free", "choices", "auto")
+        modes = ("free", "choices", "constrained", "auto")
         _check(self, "decoding", self.decoding in modes, f"one of {modes}")
         estimators = ("k1", "k3", "abs", "mse")
         _check(self, "kl_estimator", self.kl_estimator in estimators, f"one of {estimators}")

@@ -18,7 +18,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from textgym.spaces import ChatMessages
 from textgym_agents.ppo.buffer import RolloutBuffer, Turn
 
-__all__ = ["EpisodeStats", "RolloutCollector", "as_vector_env", "reply_choices"]
+__all__ = ["EpisodeStats", "RolloutCollector", "as_vector_env", "reply_choices", "reply_schemas"]
 
 
 def as_vector_env(env: gym.Env[Any, Any] | VectorEnv) -> VectorEnv:
@@ -44,6 +44,21 @@ def reply_choices(envs: VectorEnv) -> list[list[str] | None] | None:
         return None
     choices = [None if c is None else list(c) for c in results]
     return choices if any(c is not None for c in choices) else None
+
+
+def reply_schemas(envs: VectorEnv) -> list[dict[str, Any] | None] | None:
+    """Each env's reply JSON schema (``envs.call("reply_schema")``), or None if no env has one.
+
+    Only text envs are asked (as in :func:`reply_choices`); a chat env that is not a
+    :class:`~textgym.wrappers.TextEnvWrapper` has none and gets free text.
+    """
+    if not isinstance(getattr(envs, "single_observation_space", None), ChatMessages):
+        return None
+    try:
+        schemas = list(envs.call("reply_schema"))
+    except AttributeError:
+        return None
+    return schemas if any(s is not None for s in schemas) else None
 
 
 @dataclass
@@ -89,6 +104,7 @@ class RolloutCollector:
         # invalid replies, say) counts as a failure rather than being left out.
         self.reports_success = False
         self._choices: list[list[str] | None] | None | bool = False  # looked up when needed
+        self._schemas: list[dict[str, Any] | None] | None | bool = False
 
     def reset(self, seed: int | None = None) -> None:
         """Start fresh episodes in every env."""
@@ -112,6 +128,9 @@ class RolloutCollector:
             choices = self.choices() if getattr(policy, "wants_choices", False) else None
             if choices:
                 kwargs["choices"] = [choices[i] for i in active]
+            schemas = self.schemas() if getattr(policy, "wants_schemas", False) else None
+            if schemas:
+                kwargs["schemas"] = [schemas[i] for i in active]
             generation = policy.generate([self.observations[i] for i in active], **kwargs)
             actions = [""] * self.envs.num_envs  # ignored by envs that are resetting
             for k, i in enumerate(active):
@@ -147,6 +166,12 @@ class RolloutCollector:
         if self._choices is False:
             self._choices = reply_choices(self.envs)
         return self._choices  # type: ignore[return-value]
+
+    def schemas(self) -> list[dict[str, Any] | None] | None:
+        """Each env's reply JSON schema for constrained decoding (asked once; fixed per env)."""
+        if self._schemas is False:
+            self._schemas = reply_schemas(self.envs)
+        return self._schemas  # type: ignore[return-value]
 
     def _track(self, i: int, turn: Turn, infos: dict[str, Any]) -> None:
         self.returns[i] += turn.reward
