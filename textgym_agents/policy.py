@@ -89,7 +89,13 @@ class PPOPolicy(PolicyScoring):
             lora: LoRA settings for :func:`~textgym_agents.models.attach_lora`.
             base_info: How to reload the base model (name, gguf file, dtype), kept by save().
         """
-        self.model = model if isinstance(model, PeftModel) else attach_lora(model, lora)
+        self.config = config or PPOConfig()
+        if isinstance(model, PeftModel):
+            self.model = model
+        else:
+            with torch.random.fork_rng(devices=[]):  # the adapter's init follows config.seed
+                torch.manual_seed(self.config.seed)
+                self.model = attach_lora(model, lora)
         self.tokenizer = tokenizer
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
@@ -97,7 +103,6 @@ class PPOPolicy(PolicyScoring):
         parameter = next(self.model.parameters())
         self.value_head = value_head or ValueHead(hidden_size_of(self.model), dtype=parameter.dtype)
         self.value_head.to(parameter.device)
-        self.config = config or PPOConfig()
         # How save() records the base model: given by from_pretrained/load, else the path the
         # model was loaded from (transformers keeps it in config._name_or_path).
         name = getattr(getattr(self.model, "config", None), "_name_or_path", None) or None

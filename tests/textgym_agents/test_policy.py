@@ -201,3 +201,18 @@ def test_embedded_model_one_training_iteration(tmp_path):
     )
     policy.save(tmp_path / "p")
     assert (tmp_path / "p" / "policy.json").is_file()
+
+
+def test_adapter_init_follows_config_seed_not_the_global_rng():
+    def lora_weights(seed, global_seed):
+        torch.manual_seed(global_seed)
+        policy = PPOPolicy(*tiny_model(), config=PPOConfig(seed=seed))
+        return [p.detach().clone() for n, p in policy.model.named_parameters() if "lora_A" in n]
+
+    state = torch.get_rng_state()
+    first = lora_weights(seed=0, global_seed=1)
+    same = lora_weights(seed=0, global_seed=2)
+    other = lora_weights(seed=1, global_seed=1)
+    assert all(torch.equal(a, b) for a, b in zip(first, same, strict=True))
+    assert not any(torch.equal(a, b) for a, b in zip(first, other, strict=True))
+    torch.set_rng_state(state)
