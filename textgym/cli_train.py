@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 import time
 from collections.abc import Mapping
@@ -240,9 +241,27 @@ def _plan(args: argparse.Namespace, config_cls: Any) -> _Plan:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    """``textgym train``: evaluate, train with a progress bar, evaluate again, summarise."""
+    """``textgym train``: evaluate, train with a progress bar, evaluate again, summarise.
+
+    Under ``accelerate launch`` every process runs this; the main one prints and writes.
+    """
     agents = import_agents()
+    from textgym_agents.distributed import current
+
+    process = current()  # the processes of `accelerate launch` (one when run directly)
+    if process.is_main:
+        return _train(args, agents, process)
+    with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull):
+        return _train(args, agents, process)  # one copy of the output: the main process's
+
+
+def _train(args: argparse.Namespace, agents: Any, process: Any) -> int:
     plan = _plan(args, agents.PPOConfig)
+    if process.enabled:
+        if args.sft_data:
+            raise UsageError("--sft-data does not run under accelerate launch yet; leave it out")
+        plan.out = Path(process.broadcast_text(str(plan.out)))  # the main process's name
+        process.barrier()  # every process checked plan.out before the main one writes there
     out, env_id = plan.out, plan.env_id
     print(f"Run directory: {out}", flush=True)
     if plan.checkpoint is not None:
@@ -262,7 +281,8 @@ def run_train(args: argparse.Namespace) -> int:
     policy = from_pretrained(agents, plan.model, plan.config)
     info = {key: getattr(plan, key) for key in ("env_id", "env_args", "model", "episodes")}
     info.update(num_envs=plan.num_envs, eval_episodes=plan.eval_episodes, sft_data=args.sft_data)
-    write_run_info(out, {"env": info.pop("env_id"), **info})
+    if process.is_main:
+        write_run_info(out, {"env": info.pop("env_id"), **info})
     env = make_env(env_id, plan.env_args)
     results = []
     if plan.eval_episodes:
@@ -290,14 +310,12 @@ def run_train(args: argparse.Namespace) -> int:
 
         what = "Interrupted" if isinstance(stop, KeyboardInterrupt) else "Terminated (SIGTERM)"
         latest = latest_checkpoint(out)
-        if latest is None:
-            print(f"{what} before any checkpoint of {out} was saved", file=sys.stderr)
-        else:
-            print(
-                f"{what}; latest checkpoint {latest.name}; continue with: "
-                f"textgym train --resume {out}",
-                file=sys.stderr,
-            )
+        message = f"{what} before any checkpoint of {out} was saved"
+        if latest is not None:
+            message = f"{what}; latest checkpoint {latest.name}; continue with: "
+            message += f"textgym train --resume {out}"
+        if process.is_main:
+            print(message, file=sys.stderr)
         return 130 if isinstance(stop, KeyboardInterrupt) else 143
     finally:
         envs.close()

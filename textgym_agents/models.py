@@ -76,7 +76,11 @@ def resolve_device(device: str | torch.device | None = None) -> torch.device:
         device(type='cpu')
     """
     if device is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if not torch.cuda.is_available():
+            return torch.device("cpu")
+        # Under accelerate launch / torchrun each process takes the GPU of its local rank.
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
     if not isinstance(device, (str, torch.device)):
         raise TypeError(f"Expected device to be a str, torch.device or None, got {device!r}")
     try:

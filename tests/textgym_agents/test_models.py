@@ -53,8 +53,18 @@ def logits_of(model, tokenizer, text="The quick brown fox jumps over the lazy do
 
 def test_resolve_device_defaults_to_cuda_if_available():
     expected = "cuda" if torch.cuda.is_available() else "cpu"
-    assert resolve_device(None) == torch.device(expected)
-    assert resolve_device() == torch.device(expected)
+    assert resolve_device(None).type == expected
+    assert resolve_device().type == expected
+
+
+def test_resolve_device_takes_the_gpu_of_the_local_rank(monkeypatch):
+    # What accelerate launch / torchrun set; no GPU is needed to name one.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert resolve_device() == torch.device("cuda", 1)
+    monkeypatch.delenv("LOCAL_RANK")
+    assert resolve_device() == torch.device("cuda", 0)
 
 
 @pytest.mark.parametrize("device", ["cpu", torch.device("cpu")])

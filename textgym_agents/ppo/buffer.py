@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from textgym_agents.ppo import core
+
 __all__ = ["RolloutBuffer", "Turn"]
 
 
@@ -110,3 +112,34 @@ class RolloutBuffer:
     def clear(self) -> None:
         """Drop every turn (the buffer holds one rollout at a time)."""
         self.streams.clear()
+
+    def compute_advantages(
+        self, beta: float, gamma: float, lam: float, kl_estimator: str = "k1"
+    ) -> None:
+        """Turn-level GAE per stream on the env reward minus ``beta`` times the turn's KL.
+
+        Needs scored turns (``old_logps``, ``ref_logps``, ``value``, ``bootstrap_value``); sets
+        each turn's ``kl``, ``advantage`` and ``returns``. Bootstraps from the next turn's value,
+        or from ``bootstrap_value`` after a truncation or at the end of an unfinished stream.
+        """
+        for turns in self.streams.values():
+            for turn in turns:
+                per_token = core.kl_penalty(turn.old_logps, turn.ref_logps, kl_estimator)
+                turn.kl = float(per_token.sum())
+            rewards = torch.tensor([t.reward - beta * t.kl for t in turns])
+            values = torch.tensor([t.value for t in turns])
+            next_values = torch.tensor(
+                [
+                    turns[k + 1].value if k + 1 < len(turns) and not t.done else t.bootstrap_value
+                    for k, t in enumerate(turns)
+                ]
+            )
+            terminated = torch.tensor([t.terminated for t in turns])
+            truncated = torch.tensor([t.truncated for t in turns])
+            advantages, returns = core.compute_gae(
+                rewards, values, next_values, terminated, truncated, gamma, lam
+            )
+            for turn, advantage, ret in zip(
+                turns, advantages.tolist(), returns.tolist(), strict=True
+            ):
+                turn.advantage, turn.returns = advantage, ret

@@ -1,14 +1,15 @@
 """A training run on disk: progress bar, metrics JSONL, checkpoints, resume, final plot.
 
 Whatever stops a run (Ctrl-C, SIGTERM, an env that raises, diverging updates) leaves a
-checkpoint of the last finished update, from which ``resume_from`` continues exactly.
+checkpoint of the last finished update, from which ``resume_from`` continues exactly. With
+several processes (``accelerate launch``) only the main one writes files; every one resumes.
 
 Layout of ``output_dir``::
 
     config.json          PPOConfig and base model of the run
     metrics.jsonl        one line of metrics per update
     checkpoints/step_N/  policy (peft adapter + value head) + optimizer + RNG + trainer state
-                         + env replay record
+                         + env replay record (+ rng_rankR, rankR: those of process R > 0)
     final/               the trained policy (PPOPolicy.load(output_dir / "final"))
     learning_curve.png   return and invalid-reply rate over the run
 """
@@ -16,14 +17,11 @@ Layout of ``output_dir``::
 from __future__ import annotations
 
 import logging
-import signal
-import sys
-import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from peft import set_peft_model_state_dict
 from peft.utils import load_peft_weights
@@ -41,24 +39,14 @@ from textgym_agents.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
+from textgym_agents.distributed import StopSignals, Terminated
+from textgym_agents.ppo.tracked import restore_rollout, rollout_state
 from textgym_agents.ppo.trainer import NonFiniteUpdateError
 from textgym_agents.tracking import MetricsLogger, plot_learning_curves
 
 __all__ = ["Terminated", "TrainingRun", "find_checkpoint"]
 
 logger = logging.getLogger(__name__)
-
-
-class Terminated(SystemExit):
-    """SIGTERM stopped training after a checkpoint; uncaught, the process exits with code 143.
-
-    Example:
-        >>> Terminated().code
-        143
-    """
-
-    def __init__(self) -> None:
-        super().__init__(128 + signal.SIGTERM)
 
 
 def find_checkpoint(path: str | Path) -> Path:
@@ -78,6 +66,7 @@ class TrainingRun:
     def __init__(self, trainer: Any) -> None:
         """Attach to a trainer (its ``output_dir`` decides whether files are written)."""
         self.trainer = trainer
+        self.process = trainer.process  # the processes of the run (one unless launched)
         self.output_dir: Path | None = trainer.output_dir
         self._saved_step: int | None = None  # update step of the last checkpoint written
         self._boundary: dict[str, Any] | None = None  # RNG/env state the update began with
@@ -99,16 +88,22 @@ class TrainingRun:
         :class:`~textgym_agents.ppo.tracked.EnvFault`, a
         :class:`~textgym_agents.ppo.trainer.NonFiniteUpdateError`, ...) also checkpoints the
         last finished update before it propagates, with a note naming the checkpoint.
+
+        With several processes, episodes are counted over all of them, a signal stops them all
+        at the end of the rollout or update under way (see
+        :class:`~textgym_agents.distributed.StopSignals`), a failed rollout stops them all, and
+        the main process writes the files while the others wait.
         """
-        trainer, config = self.trainer, self.trainer.config
+        trainer, config, process = self.trainer, self.trainer.config, self.process
         if not (isinstance(total_episodes, int) and total_episodes >= 1):
             raise ValueError(f"total_episodes must be an int >= 1, got {total_episodes!r}")
         if resume_from is not None:
             self.resume(resume_from)
+            process.barrier()  # all have read the checkpoint before the main process prunes
         else:
-            torch.manual_seed(config.seed)
+            torch.manual_seed(process.seed(config.seed))
         metrics_logger = None
-        if self.output_dir is not None:
+        if self.output_dir is not None and process.is_main:
             self.output_dir.mkdir(parents=True, exist_ok=True)
             logger.info("Writing the run to %s", self.output_dir)
             if config.progress:
@@ -127,10 +122,10 @@ class TrainingRun:
             total=total_episodes,
             initial=min(trainer.episodes, total_episodes),
             unit="ep",
-            disable=not config.progress,
+            disable=not (config.progress and process.is_main),
             dynamic_ncols=True,
         )
-        interrupts = _Interrupts(trainer.optimizer)
+        interrupts = StopSignals(trainer.optimizer, process)
         self._saved_step = None
         self._in_update = False
         try:
@@ -149,8 +144,10 @@ class TrainingRun:
             raise
         if self.output_dir is not None:
             self.checkpoint()
-            trainer.policy.save(self.output_dir / "final")
-            plot_learning_curves([self.output_dir], self.output_dir / "learning_curve.png")
+            if process.is_main:
+                trainer.policy.save(self.output_dir / "final")
+                plot_learning_curves([self.output_dir], self.output_dir / "learning_curve.png")
+        process.barrier()  # learn() returns everywhere once the run directory is complete
         return metrics
 
     def _loop(
@@ -159,7 +156,7 @@ class TrainingRun:
         bar: Any,
         metrics_logger: MetricsLogger | None,
         callback: Callable[[dict[str, float]], Any] | None,
-        interrupts: _Interrupts,
+        interrupts: StopSignals,
     ) -> dict[str, float]:
         trainer, config = self.trainer, self.trainer.config
         metrics: dict[str, float] = {}
@@ -177,7 +174,8 @@ class TrainingRun:
             self._finished_update(metrics, metrics_logger, interrupts)
             bar.update(min(trainer.episodes, total_episodes) - min(before, total_episodes))
             bar.set_postfix(_postfix(metrics), refresh=False)
-            if callback is not None and callback(metrics) is False:
+            stop = callback is not None and callback(metrics) is False
+            if self.process.stop_check(stop=stop):  # all processes stop after the same update
                 break
             every = config.save_every
             if self.output_dir is not None and every and trainer.update_step % every == 0:
@@ -202,33 +200,33 @@ class TrainingRun:
         must hold them as they were when the update began.
         """
         trainer, collector = self.trainer, self.trainer.collector
-        envs = None
-        if collector is not None:
-            envs = trainer.envs.state()
-            envs["collector"] = {
-                "started": collector.observations is not None,
-                "resetting": collector.resetting.tolist(),
-                "returns": collector.returns.tolist(),
-                "lengths": collector.lengths.tolist(),
-                "invalid": collector.invalid.tolist(),
-                "reports_success": collector.reports_success,
-            }
+        envs = rollout_state(trainer.envs, collector) if collector is not None else None
         # The update's first step draws its minibatch order from trainer.rng, before any
         # weight changes: a Ctrl-C while it scores must not save the advanced generator.
         numpy_rng = trainer.rng.bit_generator.state
         self._boundary = {"rng": rng_state(), "numpy_rng": numpy_rng, "envs": envs}
+
+    def _consistent(self, mid_update: bool, error: BaseException | None = None) -> bool:
+        """Whether every process stopped at the last finished update (so it can be saved)."""
+        if mid_update or not self.process.enabled:
+            return not mid_update
+        # Each process stops wherever it is on its own (a second signal, most errors): the
+        # others are not at the same point, so no collective checkpoint can be written.
+        return self.process.stopped_together or isinstance(error, NonFiniteUpdateError)
 
     def _interrupted(self, mid_update: bool) -> None:
         """Ctrl-C or SIGTERM: checkpoint the last finished update, unless already saved."""
         step = self.trainer.update_step
         if self.output_dir is None:
             return
-        if mid_update:
+        if not self._consistent(mid_update):
             # A second signal stopped an update (or its checkpoint) half-way: the weights may
             # match no update step, so nothing is saved; earlier checkpoints stay.
             logger.warning("Training stopped at once after update %d; no new checkpoint", step)
             return
-        logger.warning("Training interrupted after update %d; checkpoint %s", step, self._save())
+        path = self._save_together()
+        if self.process.is_main:
+            logger.warning("Training interrupted after update %d; checkpoint %s", step, path)
 
     def _failed(self, error: Exception, mid_update: bool) -> None:
         """An exception stops training: checkpoint the last finished update, note where."""
@@ -240,9 +238,14 @@ class TrainingRun:
                 f"Training failed during update {step + 1}, after it had changed the weights: "
                 f"no checkpoint of it was written (the latest is in {self.output_dir})"
             )
+        elif not self._consistent(mid_update, error):
+            note = (
+                f"Training failed after update {step} in process {self.process.rank} alone: no "
+                f"checkpoint of it was written (the latest is in {self.output_dir})"
+            )
         else:
             try:
-                path = self._save()
+                path = self._save_together()
             except Exception as save_error:  # the original error matters more
                 note = f"Training failed after update {step}; its checkpoint failed too: "
                 note += repr(save_error)
@@ -251,6 +254,12 @@ class TrainingRun:
         logger.error("%s: %s", note, error)
         if hasattr(error, "add_note"):  # Python >= 3.11 shows it under the traceback
             error.add_note(note)
+
+    def _save_together(self) -> Path:
+        try:
+            return self._save()
+        finally:
+            self.process.barrier()  # the others wait until the main process has written it
 
     def _save(self) -> Path:
         step = self.trainer.update_step
@@ -265,38 +274,55 @@ class TrainingRun:
 
         RNG and env states are those the next update starts from (taken before it began when
         it is under way), so a run resumed from it continues as the uninterrupted one would.
+        With several processes every one calls it (their states are gathered); the main one
+        writes the files, the others return the path it writes to.
         """
         trainer = self.trainer
         if self.output_dir is None:
             raise ValueError("The trainer has no output_dir to write checkpoints to")
         if not self._in_update or self._boundary is None:
             self._snapshot()
-        boundary = self._boundary
+        boundary: dict[str, Any] = self._boundary  # type: ignore[assignment]
+        rng_tensors, rng_meta = boundary["rng"]
+        own = {"rng": rng_meta, "numpy_rng": boundary["numpy_rng"], "envs": boundary["envs"]}
+        # Each process's RNG and envs, to the main process (with one process: its own).
+        ranks = self.process.gather_state(rng_tensors, own)
+        if not self.process.is_main:
+            return self.output_dir / "checkpoints" / f"step_{trainer.update_step:08d}"
         optimizer_tensors, optimizer_meta = optimizer_state_to_files(trainer.optimizer.state_dict())
-        rng_tensors, rng_meta = boundary["rng"]  # type: ignore[index]
         state = {
             "update_step": trainer.update_step,
             "episodes": trainer.episodes,
             "turns": trainer.turns,
             "kl_coef": float(trainer.kl_ctl.value),
-            "numpy_rng": boundary["numpy_rng"],  # type: ignore[index]
+            "numpy_rng": boundary["numpy_rng"],
             "nonfinite_streak": trainer.nonfinite_streak,
             "nonfinite_total": trainer.nonfinite_total,
         }
         json_files = {"trainer_state": state, "optimizer": optimizer_meta, "rng": rng_meta}
-        if boundary["envs"] is not None:  # type: ignore[index]
-            json_files["envs"] = boundary["envs"]  # type: ignore[index]
+        tensors = {"optimizer": optimizer_tensors, "rng": rng_tensors}
+        if boundary["envs"] is not None:
+            json_files["envs"] = boundary["envs"]
+        if self.process.enabled:
+            state["world_size"] = self.process.world_size
+        for rank, (rank_tensors, rank_meta) in enumerate(ranks[1:], start=1):
+            tensors[f"rng_rank{rank}"] = rank_tensors
+            json_files[f"rank{rank}"] = rank_meta
         return save_checkpoint(
             self.output_dir,
             trainer.update_step,
-            tensors={"optimizer": optimizer_tensors, "rng": rng_tensors},
+            tensors=tensors,
             json_files=json_files,
             keep=trainer.config.keep_checkpoints,
             extra=trainer.policy.save_files,
         )
 
     def resume(self, path: str | Path) -> None:
-        """Restore policy weights, optimizer, RNG and counters from a checkpoint."""
+        """Restore policy weights, optimizer, RNG and counters from a checkpoint.
+
+        Every process reads it: the shared weights, optimizer and counters, and its own RNG and
+        env state (process R > 0 from ``rng_rankR`` / ``rankR``).
+        """
         trainer, policy = self.trainer, self.trainer.policy
         checkpoint = find_checkpoint(path)
         tensors, files = load_checkpoint(checkpoint)
@@ -306,108 +332,37 @@ class TrainingRun:
         trainer.optimizer.load_state_dict(
             optimizer_state_from_files(tensors["optimizer"], files["optimizer"])
         )
-        set_rng_state(tensors["rng"], files["rng"])
         state = files["trainer_state"]
         trainer.update_step = int(state["update_step"])
         trainer.episodes = int(state["episodes"])
         trainer.turns = int(state["turns"])
         trainer.kl_ctl.value = float(state["kl_coef"])
-        trainer.rng.bit_generator.state = state["numpy_rng"]
         trainer.nonfinite_streak = int(state.get("nonfinite_streak", 0))
         trainer.nonfinite_total = int(state.get("nonfinite_total", 0))
-        if trainer.collector is not None:
-            self._restore_envs(files.get("envs"))
-        logger.info("Resumed from %s at update %d", checkpoint, trainer.update_step)
-
-    def _restore_envs(self, saved: dict[str, Any] | None) -> None:
-        """Replay the envs to where the checkpoint left them, else start fresh episodes."""
-        trainer, collector = self.trainer, self.trainer.collector
-        if saved is not None and not saved["collector"]["started"]:
-            return  # saved before the first rollout: that rollout resets the envs as usual
-        observations = trainer.envs.restore(saved) if saved is not None else None
-        if observations is None:
-            # Seeded by step, so the fresh episodes still do not depend on when we resumed.
-            collector.reset(seed=trainer.config.seed + 1000 * trainer.update_step)
-            return
-        counters = saved["collector"]  # type: ignore[index]
-        collector.observations = observations
-        collector.resetting[:] = counters["resetting"]
-        collector.returns[:] = counters["returns"]
-        collector.lengths[:] = counters["lengths"]
-        collector.invalid[:] = counters["invalid"]
-        collector.reports_success = bool(counters["reports_success"])
-
-
-class _Interrupts:
-    """Ctrl-C or SIGTERM during training stops at a state that can be checkpointed and resumed.
-
-    A signal during the rollout or the scoring of an update raises at once
-    (``KeyboardInterrupt`` for SIGINT, :class:`Terminated` for SIGTERM): the weights are still
-    those of the last finished update. Once the optimizer has started changing the weights (and
-    while a checkpoint is written), the first signal is held until that is done; a second one
-    stops at once. Handlers are only installed in the main thread, over the default ones.
-    """
-
-    _DEFAULTS = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
-    _NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
-
-    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
-        self.optimizer = optimizer
-        self.critical = False  # the weights are between two update steps
-        self.pending: int | None = None  # the signal held until the update ends
-        self._previous: dict[int, Any] = {}
-        self._hook: Any = None
-
-    def __enter__(self) -> _Interrupts:
-        self._hook = self.optimizer.register_step_pre_hook(self._weights_change)
-        if threading.current_thread() is threading.main_thread():
-            for signum, default in self._DEFAULTS.items():
-                if signal.getsignal(signum) is default:
-                    self._previous[signum] = signal.signal(signum, self._on_signal)
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._hook.remove()
-        for signum, previous in self._previous.items():
-            signal.signal(signum, previous)
-        self._previous = {}
-
-    def _weights_change(self, *args: Any) -> None:
-        self.critical = True
-
-    def _on_signal(self, signum: int, frame: Any) -> None:
-        if not self.critical or self.pending is not None:
-            _raise(signum)
-        self.pending = signum
-        name = self._NAMES[signum]
-        # A write from a signal handler can collide with the progress bar's own write.
-        with suppress(Exception):
-            tqdm.write(
-                f"{name}: finishing this update, then saving a checkpoint "
-                f"({name} again to stop at once without saving it)",
-                file=sys.stderr,
+        rank = self.process.rank
+        own = {"rng": files["rng"], "numpy_rng": state["numpy_rng"], "envs": files.get("envs")}
+        if rank:
+            own = files.get(f"rank{rank}")  # type: ignore[assignment]
+        # Seeded by step, so fresh episodes and draws still do not depend on when we resumed.
+        draws_seed = self.process.seed(trainer.config.seed) + 1000 * trainer.update_step
+        if own is None:
+            logger.warning(
+                "%s holds no state of process %d (it was written by %d); this process starts "
+                "fresh episodes with fresh random draws",
+                checkpoint,
+                rank,
+                state.get("world_size", 1),
             )
-
-    @contextmanager
-    def held(self) -> Iterator[None]:
-        """Hold the first signal while the block runs (a checkpoint being written)."""
-        self.critical = True
-        try:
-            yield
-        finally:
-            self.critical = False
-
-    def raise_pending(self) -> None:
-        """Raise the signal held during the last update or checkpoint."""
-        self.critical = False
-        if self.pending is not None:
-            _raise(self.pending)
-
-
-def _raise(signum: int) -> None:
-    if signum == signal.SIGTERM:
-        raise Terminated
-    raise KeyboardInterrupt
+            torch.manual_seed(draws_seed)
+            trainer.rng = np.random.default_rng(draws_seed)
+        else:
+            set_rng_state(tensors[f"rng_rank{rank}" if rank else "rng"], own["rng"])
+            trainer.rng.bit_generator.state = own["numpy_rng"]
+        if trainer.collector is not None:
+            seed = trainer.collector.seed + 1000 * trainer.update_step
+            saved = own["envs"] if own is not None else None
+            restore_rollout(trainer.envs, trainer.collector, saved, fresh_seed=seed)
+        logger.info("Resumed from %s at update %d", checkpoint, trainer.update_step)
 
 
 def _postfix(metrics: dict[str, float]) -> dict[str, str]:

@@ -19,7 +19,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode, SyncVectorEnv, VectorEnv, VectorWrapper
 
-__all__ = ["EnvFault", "TrackedVectorEnv", "fingerprint"]
+__all__ = ["EnvFault", "TrackedVectorEnv", "fingerprint", "restore_rollout", "rollout_state"]
 
 logger = logging.getLogger(__name__)
 
@@ -285,6 +285,42 @@ class TrackedVectorEnv(VectorWrapper):
         if index is not None and phase == "step" and self.resetting[index]:
             phase = "reset"  # NEXT_STEP: this env was being reset within the step
         return EnvFault(index, phase, episode, step, error)
+
+
+def rollout_state(envs: TrackedVectorEnv, collector: Any) -> dict[str, Any]:
+    """JSON-ready state of a run's envs (:meth:`TrackedVectorEnv.state`) and its collector."""
+    state = envs.state()
+    state["collector"] = {
+        "started": collector.observations is not None,
+        "resetting": collector.resetting.tolist(),
+        "returns": collector.returns.tolist(),
+        "lengths": collector.lengths.tolist(),
+        "invalid": collector.invalid.tolist(),
+        "reports_success": collector.reports_success,
+    }
+    return state
+
+
+def restore_rollout(
+    envs: TrackedVectorEnv, collector: Any, saved: dict[str, Any] | None, fresh_seed: int
+) -> None:
+    """Replay the envs to a :func:`rollout_state`, else start fresh episodes from ``fresh_seed``.
+
+    A state saved before the first rollout leaves the envs alone: that rollout resets them.
+    """
+    if saved is not None and not saved["collector"]["started"]:
+        return
+    observations = envs.restore(saved) if saved is not None else None
+    if observations is None:
+        collector.reset(seed=fresh_seed)
+        return
+    counters = saved["collector"]  # type: ignore[index]
+    collector.observations = observations
+    collector.resetting[:] = counters["resetting"]
+    collector.returns[:] = counters["returns"]
+    collector.lengths[:] = counters["lengths"]
+    collector.invalid[:] = counters["invalid"]
+    collector.reports_success = bool(counters["reports_success"])
 
 
 def _generator(state: dict[str, Any]) -> np.random.Generator:

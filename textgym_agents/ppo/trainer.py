@@ -16,14 +16,28 @@ from typing import Any
 import numpy as np
 import torch
 
+from textgym_agents import distributed
 from textgym_agents.ppo import core
 from textgym_agents.ppo.buffer import RolloutBuffer, Turn
 from textgym_agents.ppo.rollout import EpisodeStats, RolloutCollector, as_vector_env
 from textgym_agents.ppo.tracked import TrackedVectorEnv
+from textgym_agents.tracking import episode_metrics, episode_table, turn_metrics, turn_table
 
 __all__ = ["NonFiniteUpdateError", "PPOTrainer"]
 
 logger = logging.getLogger(__name__)
+
+# Statistics of one optimizer step, summed over micro-batches (and processes).
+STEP_STATS = (
+    "loss/policy",
+    "loss/value",
+    "loss/total",
+    "policy/entropy",
+    "policy/approx_kl",
+    "policy/clip_frac",
+    "policy/ratio_mean",
+    "value/clip_frac",
+)
 
 
 class NonFiniteUpdateError(FloatingPointError):
@@ -49,6 +63,11 @@ class PPOTrainer:
     ``max_nonfinite_updates`` updates in a row with such a step, :meth:`update` raises
     :class:`NonFiniteUpdateError`. An exception inside an env becomes an
     :class:`~textgym_agents.ppo.tracked.EnvFault` naming the env, episode and step.
+
+    Under ``accelerate launch`` with N processes (:func:`~textgym_agents.distributed.current`),
+    each process plays its own envs (seeds shifted by rank), the gradient is the mean over all
+    processes' minibatches, and the metrics, episode counts and stopping decisions are global;
+    see docs/scaling.md.
 
     Example:
         >>> import gymnasium as gym, textgym
@@ -86,10 +105,16 @@ class PPOTrainer:
             raise ValueError(
                 f"max_nonfinite_updates must be an int >= 1, got {max_nonfinite_updates!r}"
             )
+        self.process = process = distributed.current()
+        distributed.share_policy(process, policy)  # same device layout and starting weights
         self.policy = policy
         self.config = config = policy.config
         self.envs = TrackedVectorEnv(as_vector_env(envs)) if envs is not None else None
-        self.collector = RolloutCollector(self.envs, config.seed) if self.envs is not None else None
+        self.collector = None
+        if self.envs is not None:
+            # Process r plays envs seeded after those of processes 0..r-1, like one big vector env.
+            (stride,) = process.max([self.envs.num_envs])
+            self.collector = RolloutCollector(self.envs, process.seed(config.seed, stride))
         lora_params, head_params = policy.trainable_parameters()
         self.optimizer = torch.optim.AdamW(
             [
@@ -104,7 +129,9 @@ class PPOTrainer:
             )
         else:
             self.kl_ctl = core.FixedKLController(config.kl_coef)
-        self.rng = np.random.default_rng(config.seed)
+        self.rng = np.random.default_rng(process.seed(config.seed))
+        # The main process's choice (a default name holds the time), so all agree on files.
+        output_dir = process.broadcast_text(None if output_dir is None else str(output_dir))
         self.output_dir = Path(output_dir) if output_dir is not None else None
         self.update_step = 0
         self.episodes = 0
@@ -146,24 +173,19 @@ class PPOTrainer:
         stats = self._optimise(turns, first_order)
         update_s = time.perf_counter() - start
 
-        mean_kl = float(np.mean([t.kl for t in turns]))
-        self.kl_ctl.update(mean_kl, len(turns))  # a non-finite KL leaves beta unchanged
+        table, _ = self.process.gather(turn_table(turns))  # every process's turns
+        mean_kl = float(np.mean(table[:, -1].numpy()))
+        self.kl_ctl.update(mean_kl, len(table))  # a non-finite KL leaves beta unchanged
         self.update_step += 1
         skipped = int(stats.pop("train/nonfinite_steps"))
         self.nonfinite_total += skipped
         self.nonfinite_streak = self.nonfinite_streak + 1 if skipped else 0
-        self.turns += len(turns)
-        values = torch.tensor([t.value for t in turns])
-        returns = torch.tensor([t.returns for t in turns])
+        self.turns += len(table)
         metrics = {
             "train/update": self.update_step,
             "env/turns": self.turns,
-            "env/invalid_rate": float(np.mean([t.invalid for t in turns])),
-            "env/reward_mean": float(np.mean([t.reward for t in turns])),
-            "reply/tokens_mean": float(np.mean([len(t.response_ids) for t in turns])),
+            **turn_metrics(table),
             "objective/kl_coef": float(self.kl_ctl.value),
-            "value/mean": float(values.mean()),
-            "value/explained_var": float(core.explained_variance(values, returns)),
             "time/score_s": score_s,
             "time/update_s": update_s,
             "train/nonfinite_steps": skipped,
@@ -232,33 +254,18 @@ class PPOTrainer:
         return self.config.adaptive_kl or self.config.kl_coef > 0
 
     def _advantages(self, buffer: RolloutBuffer) -> None:
-        config, beta = self.config, float(self.kl_ctl.value)
-        for turns in buffer.streams.values():
-            for turn in turns:
-                per_token = core.kl_penalty(turn.old_logps, turn.ref_logps, config.kl_estimator)
-                turn.kl = float(per_token.sum())
-            rewards = torch.tensor([t.reward - beta * t.kl for t in turns])
-            values = torch.tensor([t.value for t in turns])
-            next_values = torch.tensor(
-                [
-                    turns[k + 1].value if k + 1 < len(turns) and not t.done else t.bootstrap_value
-                    for k, t in enumerate(turns)
-                ]
-            )
-            terminated = torch.tensor([t.terminated for t in turns])
-            truncated = torch.tensor([t.truncated for t in turns])
-            advantages, returns = core.compute_gae(
-                rewards, values, next_values, terminated, truncated, config.gamma, config.lam
-            )
-            for turn, advantage, ret in zip(
-                turns, advantages.tolist(), returns.tolist(), strict=True
-            ):
-                turn.advantage, turn.returns = advantage, ret
+        config = self.config
+        beta = float(self.kl_ctl.value)
+        buffer.compute_advantages(beta, config.gamma, config.lam, config.kl_estimator)
         all_turns = buffer.turns()
-        if config.whiten_advantages and len(all_turns) > 1:
-            advantages = torch.tensor([t.advantage for t in all_turns])
+        if not config.whiten_advantages:
+            return
+        # Whitened over every process's turns, as one process would over the whole batch.
+        advantages, start = self.process.gather(torch.tensor([t.advantage for t in all_turns]))
+        if len(advantages) > 1:
             whitened = core.masked_whiten(advantages, torch.ones_like(advantages))
-            for turn, advantage in zip(all_turns, whitened.tolist(), strict=True):
+            mine = whitened[start : start + len(all_turns)]
+            for turn, advantage in zip(all_turns, mine.tolist(), strict=True):
                 turn.advantage = advantage
 
     def _optimise(self, turns: list[Turn], first_order: np.ndarray) -> dict[str, float]:
@@ -267,17 +274,27 @@ class PPOTrainer:
         sums: dict[str, float] = {}
         count = skipped = 0
         stop = False
+        # Every process takes as many optimizer steps as the one with the most minibatches;
+        # one that has run out joins each remaining step with zero gradients.
+        (steps,) = self.process.max([math.ceil(len(turns) / config.minibatch_size)])
         for epoch in range(config.num_epochs):
             order = first_order if epoch == 0 else self.rng.permutation(len(turns))
-            for minibatch in self._batches(order, turns):
+            minibatches = list(self._batches(order, turns))
+            for minibatch in minibatches + [[]] * (steps - len(minibatches)):
                 self.optimizer.zero_grad(set_to_none=True)
-                tokens = sum(turns[i].scored_tokens for micro in minibatch for i in micro)
-                size = sum(len(micro) for micro in minibatch)
+                # Token- and turn-level means over every process's minibatch of this step.
+                tokens, size = self.process.sum(
+                    [
+                        sum(turns[i].scored_tokens for micro in minibatch for i in micro),
+                        sum(len(micro) for micro in minibatch),
+                    ]
+                )
                 step_stats: dict[str, float] = {}
                 for micro in minibatch:
                     micro_stats = self._micro_step([turns[i] for i in micro], tokens, size)
                     for key, value in micro_stats.items():
                         step_stats[key] = step_stats.get(key, 0.0) + value
+                step_stats = self.process.sync_gradients(params, step_stats, STEP_STATS)
                 grad_norm = torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
                 step_stats["policy/grad_norm"] = float(grad_norm)
                 if not (
@@ -315,7 +332,7 @@ class PPOTrainer:
         return metrics
 
     def _micro_step(
-        self, turns: list[Turn], minibatch_tokens: int, minibatch_size: int
+        self, turns: list[Turn], minibatch_tokens: float, minibatch_size: float
     ) -> dict[str, float]:
         """Forward + backward of one micro-batch, weighted so the minibatch sums to means."""
         config, device = self.config, self.policy.device
@@ -356,17 +373,9 @@ class PPOTrainer:
         }
 
     def _episode_metrics(self, episodes: list[EpisodeStats]) -> dict[str, float]:
-        self.episodes += len(episodes)
-        metrics: dict[str, float] = {"env/episodes": self.episodes}
-        if episodes:
-            returns = np.array([e.episode_return for e in episodes])
-            metrics["env/return_mean"] = float(returns.mean())
-            metrics["env/return_std"] = float(returns.std())
-            metrics["env/episode_length"] = float(np.mean([e.length for e in episodes]))
-            successes = [e.success for e in episodes if e.success is not None]
-            if successes:
-                metrics["env/success_rate"] = float(np.mean(successes))
-        return metrics
+        table, _ = self.process.gather(episode_table(episodes))  # every process's episodes
+        self.episodes += len(table)
+        return {"env/episodes": self.episodes, **episode_metrics(table)}
 
     # --- the loop ------------------------------------------------------------------------------
 
@@ -374,7 +383,12 @@ class PPOTrainer:
         """One iteration: collect a rollout and update on it."""
         turns_before = self.turns
         start = time.perf_counter()
-        buffer = self.collect()
+        try:
+            buffer = self.collect()
+        except Exception:
+            self.process.stop_check(failed=True)  # the other processes stop with this one
+            raise
+        self.process.stop_check()  # all stop here if one failed or holds Ctrl-C/SIGTERM
         rollout_s = time.perf_counter() - start
         metrics = self.update(buffer, self.collector.drain())
         metrics["time/rollout_s"] = rollout_s
