@@ -84,6 +84,11 @@ class PPOConfig:
     max_grad_norm: float = _help(1.0, "Gradient clipping norm.")
     whiten_advantages: bool = _help(True, "Normalise advantages over the batch.")
     target_kl: float | None = _help(None, "Stop the epochs of an update past this approx. KL.")
+    gradient_checkpointing: bool = _help(
+        False,
+        "Recompute each decoder layer in the backward pass instead of keeping its activations "
+        "(~10x less activation memory, ~40% more update time, same gradients).",
+    )
     # --- KL penalty to the reference (the base model with the adapter disabled) --------------
     kl_coef: float = _help(0.02, "Initial beta of the per-turn KL penalty (0 disables it).")
     adaptive_kl: bool = _help(False, "Adapt beta toward kl_target (Ziegler et al. 2019).")

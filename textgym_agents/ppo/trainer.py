@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from textgym_agents import distributed
+from textgym_agents.gradient_checkpointing import enable_gradient_checkpointing
 from textgym_agents.ppo import core
 from textgym_agents.ppo.buffer import RolloutBuffer, Turn
 from textgym_agents.ppo.rollout import EpisodeStats, RolloutCollector, as_vector_env
@@ -109,6 +110,8 @@ class PPOTrainer:
         distributed.share_policy(process, policy)  # same device layout and starting weights
         self.policy = policy
         self.config = config = policy.config
+        if config.gradient_checkpointing:
+            enable_gradient_checkpointing(policy.model)
         self.envs = TrackedVectorEnv(as_vector_env(envs)) if envs is not None else None
         self.collector = None
         if self.envs is not None:

@@ -85,6 +85,27 @@ def test_update_changes_lora_and_value_head_only(policy):
     )
 
 
+@pytest.mark.parametrize("decoding", ["free", "choices"])
+def test_gradient_checkpointing_gives_the_same_update(decoding):
+    from textgym_agents.gradient_checkpointing import gradient_checkpointing_enabled
+
+    def one_update(checkpointing):
+        torch.manual_seed(0)  # the same sampled rollout both times
+        config = small_config(decoding=decoding, gradient_checkpointing=checkpointing)
+        policy = PPOPolicy(*tiny_model(), config=config)
+        trainer = PPOTrainer(policy, gym.make_vec("textgym/Blackjack-v1", num_envs=4))
+        assert gradient_checkpointing_enabled(policy.model) is checkpointing
+        metrics = trainer.update(trainer.collect())
+        weights = [p.detach() for n, p in policy.model.named_parameters() if "lora_" in n]
+        return metrics, weights
+
+    (plain, plain_weights), (ckpt, ckpt_weights) = one_update(False), one_update(True)
+    for key in ["loss/policy", "loss/value", "policy/entropy", "policy/approx_kl"]:
+        assert math.isclose(plain[key], ckpt[key], rel_tol=1e-5, abs_tol=1e-7), key
+    for a, b in zip(plain_weights, ckpt_weights, strict=True):
+        torch.testing.assert_close(a, b)
+
+
 def test_kl_grows_after_updates(policy):
     trainer = PPOTrainer(policy, gym.make_vec("textgym/Blackjack-v1", num_envs=4))
     first = trainer.update(trainer.collect())
