@@ -198,7 +198,19 @@ def sigint(*args):
     os.kill(os.getpid(), signal.SIGINT)
 
 
-def test_ctrl_c_between_updates_saves_the_last_one(tiny_dir, tmp_path):
+@pytest.fixture
+def default_sigint():
+    """Python's Ctrl-C handler, also when the tests run as a shell's background job.
+
+    Background jobs of a shell without job control start with SIGINT ignored; Python then never
+    installs ``default_int_handler`` and training (rightly) leaves the ignored signal alone.
+    """
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_ctrl_c_between_updates_saves_the_last_one(tiny_dir, tmp_path, default_sigint):
     trainer = make_trainer(tiny_dir, tmp_path)
     with pytest.raises(KeyboardInterrupt):
         trainer.train(10_000, callback=lambda m: sigint() if m["train/update"] == 2 else None)
@@ -207,7 +219,7 @@ def test_ctrl_c_between_updates_saves_the_last_one(tiny_dir, tmp_path):
     assert len(read_metrics(tmp_path)) == 2
 
 
-def test_ctrl_c_during_an_update_finishes_it_then_saves(tiny_dir, tmp_path):
+def test_ctrl_c_during_an_update_finishes_it_then_saves(tiny_dir, tmp_path, default_sigint):
     trainer = make_trainer(tiny_dir, tmp_path)
     weights = trainer.optimizer.param_groups[0]["params"]  # the LoRA weights, live
     hook = trainer.optimizer.register_step_post_hook(lambda *a: (hook.remove(), sigint()))
@@ -224,7 +236,7 @@ def test_ctrl_c_during_an_update_finishes_it_then_saves(tiny_dir, tmp_path):
     assert all(a.equal(b) for a, b in zip(weights, loaded, strict=True))
 
 
-def test_second_ctrl_c_stops_at_once_without_saving(tiny_dir, tmp_path):
+def test_second_ctrl_c_stops_at_once_without_saving(tiny_dir, tmp_path, default_sigint):
     trainer = make_trainer(tiny_dir, tmp_path)
     hook = trainer.optimizer.register_step_post_hook(lambda *a: (hook.remove(), sigint(), sigint()))
     with pytest.raises(KeyboardInterrupt):

@@ -333,6 +333,8 @@ def test_ctrl_c_stops_every_process_after_one_checkpoint(tiny_dir, tmp_path):
         stderr=subprocess.STDOUT,
         text=True,
         env=launch_env(tmp_path),
+        # A shell's background jobs ignore SIGINT, and children inherit that: undo it.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     metrics = tmp_path / "run" / "metrics.jsonl"
     deadline = time.monotonic() + 180
