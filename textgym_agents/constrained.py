@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from pydantic import BaseModel
 from transformers import LogitsProcessor
 
 __all__ = [
@@ -27,7 +26,6 @@ __all__ = [
     "decoding_mode",
     "mask_logits",
     "pack_bits",
-    "reply_schema",
     "unpack_bits",
 ]
 
@@ -41,28 +39,6 @@ _SHIFTS = torch.arange(32, dtype=torch.int32)
 CLOSE_MARGIN = 4
 _CLOSE_WATCH = 32
 _CLOSERS = '"}]0123456789, :-.abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ'
-
-
-def reply_schema(parser: Any) -> dict[str, Any] | None:
-    """The JSON schema every valid reply of ``parser`` satisfies, or None when it has none.
-
-    A parser states it with a ``reply_schema()`` method; otherwise a parser with a Pydantic
-    ``model`` (:class:`~textgym.parsers.JSONActionParser`) has that model's JSON schema.
-
-    Example:
-        >>> from gymnasium.spaces import Discrete
-        >>> from textgym.parsers import JSONActionParser
-        >>> parser = JSONActionParser.from_space(Discrete(2), action_names=["stick", "hit"])
-        >>> reply_schema(parser)["properties"]["action"]["enum"]
-        ['stick', 'hit']
-    """
-    method = getattr(parser, "reply_schema", None)
-    if callable(method):
-        return method()
-    model = getattr(parser, "model", None)
-    if isinstance(model, type) and issubclass(model, BaseModel):
-        return model.model_json_schema()
-    return None
 
 
 def decoding_mode(

@@ -20,7 +20,6 @@ from textgym_agents.constrained import (
     decoding_mode,
     mask_logits,
     pack_bits,
-    reply_schema,
     unpack_bits,
 )
 from textgym_agents.ppo import core
@@ -85,17 +84,17 @@ BLACKJACK = {
 
 def test_reply_schema_comes_from_the_parser():
     parser = JSONActionParser.from_space(spaces.Box(-2.0, 2.0, (1,)), field_name="torque")
-    torque = reply_schema(parser)["properties"]["torque"]
+    torque = parser.reply_schema()["properties"]["torque"]
     assert (torque["minimum"], torque["maximum"]) == (-2.0, 2.0)
-    assert reply_schema(FunctionParser(lambda reply: 0)) is None
+    assert FunctionParser(lambda reply: 0).reply_schema() is None
 
     class Stated(FunctionParser):
         def reply_schema(self):
             return {"type": "integer"}
 
-    assert reply_schema(Stated(int)) == {"type": "integer"}
+    assert Stated(int).reply_schema() == {"type": "integer"}
     envs = make_envs("textgym/Blackjack-v1", 2)
-    assert reply_schemas(envs) == [reply_schema(envs.envs[0].get_wrapper_attr("parser"))] * 2
+    assert reply_schemas(envs) == [envs.envs[0].get_wrapper_attr("parser").reply_schema()] * 2
     assert reply_schemas(gym.make_vec("CartPole-v1", num_envs=2)) is None
 
 
@@ -209,7 +208,7 @@ def test_replies_finish_within_the_token_budget(env_id, budget):
 def test_closing_finishes_any_state():
     policy = constrained_policy()
     compiler, tokenizer = policy._grammar_compiler(), policy.tokenizer
-    schema = reply_schema(serve_env().parser)  # keys in the Dict space's (sorted) order
+    schema = serve_env().parser.reply_schema()  # keys in the Dict space's (sorted) order
     complete = '{"cups": 2, "drink": "tea", "sugar": 0.5}'
     for start in ['{"', '{"cups": 2, "drink": "te', '{"cups": 2, "', '{"cups": 2, "drink": "t']:
         matcher = compiler.matcher(schema, tokenizer.encode(start))
