@@ -94,6 +94,7 @@ def score_choices(
     *,
     values: bool = False,
     length_norm: bool = False,
+    temperature: float = 1.0,
     batch_size: int = 64,
 ) -> ChoiceScores:
     """Distribution over each prompt's choices, scoring about ``batch_size`` choices per call.
@@ -109,8 +110,13 @@ def score_choices(
         choices: For each prompt, the token ids of its choices.
         values: Also return the value of each prompt.
         length_norm: Rank choices by mean token log-prob instead of the sum.
+        temperature: Divides each choice's score before the softmax over the choices, so it
+            flattens (> 1) or sharpens (< 1) the distribution over valid replies; the most
+            likely choice stays the same. The scorer's token log-probs are untempered.
         batch_size: Choices per scorer call.
     """
+    if temperature <= 0:
+        raise ValueError(f"Expected temperature > 0, got {temperature}")
     if len(prompts) != len(choices):
         raise ValueError(f"Got {len(prompts)} prompts but {len(choices)} choice lists")
     # (prompt, first choice, end) pieces, at most batch_size choices per group; a prompt with
@@ -137,7 +143,8 @@ def score_choices(
             firsts = [i for i, (_, start, _) in enumerate(group) if start == 0]
             prompt_values.append(value[firsts])
     sizes = [len(options) for options in choices]
-    logps = [row.log_softmax(dim=0) for row in torch.cat(totals).split(sizes)]
+    scores = torch.cat(totals) / temperature if temperature != 1.0 else torch.cat(totals)
+    logps = [row.log_softmax(dim=0) for row in scores.split(sizes)]
     return ChoiceScores(logps, torch.cat(prompt_values) if values else None)
 
 

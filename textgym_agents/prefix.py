@@ -17,7 +17,7 @@ from torch import nn
 __all__ = [
     "CACHE_KWARG",
     "RowsPass",
-    "continue_rows",
+    "continue_tree",
     "run_rows",
     "SHARED_PREFIX_MIN",
     "common_prefix_length",
@@ -128,44 +128,62 @@ def decoder_hidden_states(
     return result.hidden, result.offset
 
 
-def continue_rows(
+def continue_tree(
     decoder: nn.Module,
     first: RowsPass,
     lengths: Sequence[int],
-    index: Sequence[int],
-    continuations: Sequence[Sequence[int]],
+    continuations: Sequence[Sequence[Sequence[int]]],
     *,
     pad: int,
-) -> torch.Tensor:
-    """Hidden states of ``continuations``, row ``n`` continuing sequence ``index[n]`` of ``first``.
+) -> tuple[torch.Tensor, list[list[int]]]:
+    """Hidden states of several continuations per row of ``first``, packed in that one row.
 
-    Each first-pass row runs once, however many continuations it has: its cache is selected
-    into every continuation row (``first.cache`` is consumed). ``lengths`` are the unpadded
-    lengths of the first pass's sequences, so positions continue right after them.
+    Row ``b`` holds all of ``continuations[b]`` one after the other; a 4D attention mask lets
+    each token see row ``b``'s cached sequence and the earlier tokens of its own continuation
+    only, and its position continues right after ``lengths[b]`` (the unpadded length of the
+    first pass's sequence). So each cached sequence is used once in place, however many
+    continuations it has: nothing is copied per continuation, and memory grows with their
+    total length, not with their number times the prompt length. ``first.cache`` is consumed.
 
     Returns:
-        (N, C) hidden states, C the longest continuation (right padding).
+        (B, C, H) hidden states, C the longest packed row (right padding), and for each row
+        the start column of each of its continuations.
     """
     device = first.hidden.device
-    width = max(len(c) for c in continuations)
+    sizes = [[len(c) for c in row] for row in continuations]
+    width = max(1, max(sum(row) for row in sizes))
+    cached = first.attention_mask.shape[1]
     input_ids = torch.full((len(continuations), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(continuations), width), dtype=torch.long)
-    for n, ids in enumerate(continuations):
-        input_ids[n, : len(ids)] = torch.tensor(list(ids), dtype=torch.long)
-        mask[n, : len(ids)] = 1
-    rows = torch.tensor(list(index), dtype=torch.long, device=device)
-    starts = torch.tensor([lengths[b] for b in index], device=device)
-    positions = starts[:, None] + torch.arange(width, device=device)
-    first.cache.batch_select_indices(rows)
-    attention_mask = torch.cat([first.attention_mask.index_select(0, rows), mask.to(device)], 1)
+    positions = torch.zeros((len(continuations), width), dtype=torch.long)
+    allowed = torch.zeros((len(continuations), 1, width, cached + width), dtype=torch.bool)
+    allowed[:, 0, :, :cached] = first.attention_mask[:, None, :].bool().cpu()
+    starts: list[list[int]] = []
+    for b, row in enumerate(continuations):
+        starts.append([])
+        column = 0
+        for ids in row:
+            n = len(ids)
+            starts[-1].append(column)
+            if n:
+                span = slice(column, column + n)
+                input_ids[b, span] = torch.tensor(list(ids), dtype=torch.long)
+                positions[b, span] = lengths[b] + torch.arange(n)
+                block = torch.ones((n, n), dtype=torch.bool).tril()
+                allowed[b, 0, span, cached + column : cached + column + n] = block
+            column += n
+        for q in range(column, width):  # padding sees itself only (no empty softmax rows)
+            allowed[b, 0, q, :] = False
+            allowed[b, 0, q, cached + q] = True
+    dtype = first.hidden.dtype
+    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
     output = decoder(
         input_ids=input_ids.to(device),
-        attention_mask=attention_mask,
-        position_ids=positions,
+        attention_mask=mask.to(device),
+        position_ids=positions.to(device),
         use_cache=True,
         **{CACHE_KWARG: first.cache},
     )
-    return output.last_hidden_state
+    return output.last_hidden_state, starts
 
 
 def generation_inputs(

@@ -20,7 +20,7 @@ from torch import nn
 from textgym_agents.choices import ChoiceScores, merge_rows, score_choices
 from textgym_agents.constrained import allowed_tokens, mask_logits
 from textgym_agents.ppo.core import entropy, logprobs_from_logits
-from textgym_agents.prefix import continue_rows, decoder_hidden_states, run_rows
+from textgym_agents.prefix import continue_tree, decoder_hidden_states, run_rows
 
 __all__ = ["PolicyScoring", "Scores"]
 
@@ -61,9 +61,10 @@ class PolicyScoring:
         """Per-token log-probs of ``responses`` given ``prompts`` and the value of each prompt.
 
         Log-probs use the sampling temperature, so they are those of the distribution that
-        generated the replies; a reply sampled under a grammar (a
-        :class:`~textgym_agents.constrained.ConstrainedReply`) is scored under the distribution
-        renormalised over the tokens its grammar allowed, entropy included. A row with
+        generated the replies (for choices, the tempered distribution over the choices); a
+        reply sampled under a grammar (a :class:`~textgym_agents.constrained.ConstrainedReply`)
+        is scored under the distribution renormalised over the tokens its grammar allowed,
+        entropy included. A row with
         ``choices`` (its choices' token ids; the response is one of them) gets one log-prob,
         that of the response under the distribution over its choices, in column 0 (entropy
         likewise). With ``adapter=False`` the base model
@@ -113,6 +114,7 @@ class PolicyScoring:
             choices,
             values=values,
             length_norm=self.config.choice_length_norm,
+            temperature=self.config.temperature,
             batch_size=self.config.choice_batch_size,
         )
 
@@ -128,21 +130,29 @@ class PolicyScoring:
         flat = [list(c) for options in choices for c in options]
         width = max(len(c) for c in flat)
         # The prompt's last position predicts a choice's first token; the choice's own
-        # tokens (all but its last) predict the rest.
+        # tokens (all but its last, each prompt's choices packed in one row) predict the rest.
         predict = last_hidden[index][:, None]
         if width > 1:
             lengths = [len(p) for p in prompts]
-            rest = continue_rows(decoder, first, lengths, index, [c[:-1] for c in flat], pad=pad)
-            predict = torch.cat([predict, rest], dim=1)
+            rest, starts = continue_tree(
+                decoder, first, lengths, [[c[:-1] for c in options] for options in choices], pad=pad
+            )
+            columns = torch.zeros((len(flat), width - 1), dtype=torch.long)
+            n = 0
+            for b, options in enumerate(choices):
+                for start, ids in zip(starts[b], options, strict=True):
+                    columns[n, : len(ids) - 1] = start + torch.arange(len(ids) - 1)
+                    n += 1
+            rows = torch.tensor(index, device=self.device)[:, None]
+            predict = torch.cat([predict, rest[rows, columns.to(self.device)]], dim=1)
         labels = torch.zeros((len(flat), width), dtype=torch.long)
         mask = torch.zeros((len(flat), width))
         for n, ids in enumerate(flat):
             labels[n, : len(ids)] = torch.tensor(ids)
             mask[n, : len(ids)] = 1
         logits = self._lm_head()(predict[:, :width]).float()
-        logps = logprobs_from_logits(
-            logits, labels.to(self.device), temperature=self.config.temperature
-        )
+        # Untempered: the temperature applies to the distribution over choices (score_choices).
+        logps = logprobs_from_logits(logits, labels.to(self.device))
         mask = mask.to(self.device)
         value = self.value_head(last_hidden).float() if values else None
         return (logps * mask).sum(dim=1), mask.sum(dim=1), value

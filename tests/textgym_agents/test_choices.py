@@ -107,17 +107,47 @@ def test_hundreds_of_choices_in_bounded_pieces():
     assert pieces.values.shape == (2,)
 
 
-def test_cached_choice_scores_match_full_sequences():
-    """Each prompt runs once and its choices on its cache: same numbers as whole sequences."""
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("system", ["play", "play " * 40])  # the long one is a shared prefix
+def test_cached_choice_scores_match_full_sequences(attention, system):
+    """Each prompt runs once, its choices packed on its cache: same numbers as whole sequences."""
     policy = blackjack_policy()
-    prompts = [policy.encode(conversation(t)) for t in ["a", "a much longer question here"]]
-    choices = [policy.choice_ids(["stick", "hit me now"]), policy.choice_ids(["up", "x y z w"])]
+    policy.model.set_attn_implementation(attention)
+    texts = ["a", "a much longer question here", "b"]
+    prompts = [
+        policy.encode([{"role": "system", "content": system}, {"role": "user", "content": t}])
+        for t in texts
+    ]
+    choices = [
+        policy.choice_ids(["stick", "hit me now"]),
+        policy.choice_ids(["up", "x y z w", "x y", "q"]),
+        policy.choice_ids(["one"]),
+    ]
     with torch.no_grad():
         scores = policy.score_choices(prompts, choices)
         for prompt, options, logps in zip(prompts, choices, scores.logps, strict=True):
             full = policy.score([prompt] * len(options), options, values=False)
             totals = (full.logps * full.mask).sum(dim=1)
             torch.testing.assert_close(logps, totals.log_softmax(0), atol=1e-5, rtol=1e-5)
+
+
+def test_temperature_divides_the_choice_scores_not_each_token():
+    """T flattens the distribution over valid replies; the most likely reply stays the same."""
+    prompts = [conversation("a"), conversation("b c")]
+    choices_text = ["stick", "hit me now", "up"]
+    cold, hot = blackjack_policy(), blackjack_policy(temperature=3.0)
+    hot.model.load_state_dict(cold.model.state_dict())
+    ids = [cold.encode(p) for p in prompts]
+    choices = [cold.choice_ids(choices_text)] * len(ids)
+    with torch.no_grad():
+        base = cold.score_choices(ids, choices)
+        tempered = hot.score_choices(ids, choices)
+    for row, hot_row in zip(base.logps, tempered.logps, strict=True):
+        torch.testing.assert_close(hot_row, (row / 3.0).log_softmax(0), atol=1e-5, rtol=1e-5)
+        assert int(hot_row.argmax()) == int(row.argmax())
+        assert -(hot_row.exp() * hot_row).sum() > -(row.exp() * row).sum()  # flatter
+    with pytest.raises(ValueError, match="temperature > 0"):
+        score_choices(cold._choice_scorer, ids, choices, temperature=0.0)
 
 
 def test_generate_picks_only_valid_replies():
@@ -190,8 +220,9 @@ def test_mixed_rows_score_like_separate_calls():
         policy.score(prompts[:1], [free_reply], choices=[options])
 
 
-def test_training_with_choices_ratio_one_no_invalid_and_lora_gradients(monkeypatch):
-    policy = blackjack_policy()
+@pytest.mark.parametrize("temperature", [1.0, 2.5])
+def test_training_with_choices_ratio_one_no_invalid_and_lora_gradients(monkeypatch, temperature):
+    policy = blackjack_policy(temperature=temperature)
     calls = []
     original = core.policy_loss
 

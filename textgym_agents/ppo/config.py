@@ -39,7 +39,11 @@ class PPOConfig:
 
     # --- generation -------------------------------------------------------------------------
     max_new_tokens: int = _help(24, "Longest reply in tokens; generation also stops at EOS.")
-    temperature: float = _help(1.0, "Sampling temperature; log-probs use the same scaling.")
+    temperature: float = _help(
+        1.0,
+        "Sampling temperature; log-probs use the same scaling. With choices it divides the "
+        "choices' scores (flattening the distribution over valid replies), not each token's.",
+    )
     top_k: int = _help(0, "Sample from the k most likely tokens (0 = no limit).")
     top_p: float = _help(1.0, "Nucleus sampling threshold (1.0 = no limit).")
     reply_prefix: str = _help(
