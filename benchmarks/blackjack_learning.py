@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 import textgym  # noqa: F401
+from textgym import TextEnvWrapper
 from textgym_agents import Generation, PPOConfig, PPOPolicy, evaluate
 from textgym_agents.tracking import plot_learning_curves
 
@@ -49,6 +50,43 @@ def basic_strategy(total: int, dealer: int, usable_ace: bool) -> str:
     if total <= 16:
         return "stick" if 2 <= dealer <= 6 else "hit"
     return "stick"
+
+
+def hit_map(policy: PPOPolicy, env: gym.Env) -> dict[int, tuple[float, float]]:
+    """Per hard player total (4-21): the share of dealer cards the greedy policy hits on, and
+    the mean P(hit) (at the policy's temperature), from first-turn prompts of the text env."""
+    text_env = env
+    while not isinstance(text_env, TextEnvWrapper):  # the text layer under gym.make's wrappers
+        text_env = text_env.env
+    options = text_env.reply_choices()
+    hit = options.index('{"action": "hit"}')
+    states = [(total, dealer) for total in range(4, 22) for dealer in range(1, 11)]
+    prompts = [
+        policy.encode(
+            [
+                {"role": "system", "content": text_env.system_prompt},
+                {"role": "user", "content": text_env.format_observation((t, d, 0), {})},
+            ]
+        )
+        for t, d in states
+    ]
+    ids = policy.choice_ids(options)
+    with torch.no_grad():
+        logps = policy.score_choices(prompts, [ids] * len(prompts)).logps
+    table: dict[int, list[tuple[bool, float]]] = {}
+    for (total, _), row in zip(states, logps, strict=True):
+        table.setdefault(total, []).append((int(row.argmax()) == hit, float(row[hit].exp())))
+    return {
+        t: (float(np.mean([g for g, _ in v])), float(np.mean([p for _, p in v])))
+        for t, v in table.items()
+    }
+
+
+def print_hit_map(name: str, table: dict[int, tuple[float, float]]) -> None:
+    print(f"{name}: greedy hits on (share of dealer cards) / mean P(hit), by hard total")
+    print("  " + " ".join(f"{t:>4}" for t in table))
+    print("  " + " ".join(f"{g:>4.0%}" if g else "   ." for g, _ in table.values()))
+    print("  " + " ".join(f"{p:>4.2f}"[-4:] for _, p in table.values()), flush=True)
 
 
 class Scripted:
@@ -135,6 +173,8 @@ def main() -> None:
     start = time.perf_counter()
     before = evaluate(policy, eval_env, n, seed=eval_seed, num_envs=args.num_envs)
     report("SmolLM2-135M before", before, time.perf_counter() - start)
+    maps = {"before": hit_map(policy, eval_env)}
+    print_hit_map("before", maps["before"])
 
     envs = gym.make_vec("textgym/Blackjack-v1", num_envs=args.num_envs)
     start = time.perf_counter()
@@ -145,6 +185,8 @@ def main() -> None:
     start = time.perf_counter()
     after = evaluate(policy, eval_env, n, seed=eval_seed, num_envs=args.num_envs)
     report("SmolLM2-135M after", after, time.perf_counter() - start)
+    maps["after"] = hit_map(policy, eval_env)
+    print_hit_map("after", maps["after"])
     verdict = "met" if after["mean_return"] >= TARGET else "MISSED"
     print(f"target: greedy mean return >= {TARGET} after <= {args.hands} hands: {verdict}")
 
@@ -153,7 +195,12 @@ def main() -> None:
     plot_learning_curves(
         [out], out / "learning_curve.png", smooth=5, references={"env/return_mean": references}
     )
-    summary = {"rows": rows, "train_seconds": train_seconds, "config": config.to_dict()}
+    summary = {
+        "rows": rows,
+        "train_seconds": train_seconds,
+        "hit_map": maps,
+        "config": config.to_dict(),
+    }
     (out / "benchmark.json").write_text(json.dumps(summary, indent=2))
 
 

@@ -80,9 +80,11 @@ def make_envs(lake: list[str], num_envs: int, max_moves: int) -> VectorEnv:
 def greedy_episode(policy: PPOPolicy, env: gym.Env[Any, Any]) -> tuple[list[str], bool, str]:
     """Moves of one greedy episode, whether it reached G, and the last map shown."""
     messages, _ = env.reset(seed=0)
+    choices = env.get_wrapper_attr("reply_choices")()  # the four valid replies
     moves, done, success = [], False, False
     while not done:
-        messages, reward, terminated, truncated, info = env.step(policy.act(messages, greedy=True))
+        reply = policy.act(messages, choices=choices, greedy=True)
+        messages, reward, terminated, truncated, info = env.step(reply)
         moves.append(MOVES[int(info["env_action"])] if "env_action" in info else "(invalid)")
         success, done = terminated and float(reward) > 0, terminated or truncated
     return moves, success, messages[-1]["content"]
@@ -100,9 +102,10 @@ def main() -> None:
     args = parser.parse_args()
 
     config = PPOConfig(
-        reply_prefix='{"action": "',  # the model only names the move; the env parses the JSON
-        stop_strings=['"'],
-        max_new_tokens=3,
+        # Score the four valid replies and sample one (choice decoding): no reply is invalid,
+        # and a turn is one forward pass. The replies all start with this prefix.
+        decoding="choices",
+        reply_prefix='{"action": "',
         gamma=0.95,  # discount per turn: a shorter path to G is worth more
         lam=0.95,  # GAE lambda: how far back one turn's TD error reaches at full weight
         num_steps=8,
