@@ -3,7 +3,12 @@
     python examples/blackjack.py [--episodes 200]
 
 Expected output: a progress bar, then PPO stats every --batch-size episodes (loss, KL,
-return), and the mean return of the last 100 episodes.
+invalid rate), and the mean return of the last 100 episodes. One run with the defaults took
+357 s on one CPU core (OMP_NUM_THREADS=1) and ended with ``mean return of the last 100
+episodes: -0.290``. The invalid rate stayed at 0.75-1.0: the embedded 135M model mostly writes
+prose without "stay" or "hit", so those turns send the default action and are penalised, and
+200 episodes (LlamaGym's example ran 5,000) do not teach it the format.
+``examples/blackjack_text_env.py`` trains the same task with choice decoding instead.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Train the embedded SmolLM2 model to play blackjack: text env + PPOPolicy, offline.
 
-    python examples/blackjack_text_env.py [--hands 1000] [--out runs/blackjack]
+    python examples/blackjack_text_env.py [--hands 500] [--out runs/blackjack]
 
 Shows a progress bar, writes metrics, checkpoints, the final adapter and a learning-curve
 PNG to --out, and prints the greedy evaluation before and after training.
@@ -18,23 +18,27 @@ from textgym_agents import PPOConfig, PPOPolicy, evaluate
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hands", type=int, default=1000, help="training hands")
+    parser.add_argument("--hands", type=int, default=500, help="training hands")
     parser.add_argument("--eval-hands", type=int, default=200)
     parser.add_argument("--num-envs", type=int, default=16)
+    parser.add_argument("--temperature", type=float, default=2.0, help="sampling in training")
+    parser.add_argument("--ent-coef", type=float, default=0.3, help="entropy bonus")
+    parser.add_argument("--learning-rate", type=float, default=1e-4)
     parser.add_argument("--out", default="runs/blackjack")
     parser.add_argument("--model", default=None, help="model name or path (default: embedded)")
     args = parser.parse_args()
 
     config = PPOConfig(
-        # The reply starts with the JSON the env asks for, so the model only picks the
-        # action; it stops at the closing quote. Replies are still parsed by the env.
+        # Score the two valid replies and sample one (choice decoding): every reply is
+        # valid and a turn is one forward pass. Both replies start with this prefix.
+        decoding="choices",
         reply_prefix='{"action": "',
-        stop_strings=['"'],
-        max_new_tokens=4,
+        temperature=args.temperature,  # explore: zero-shot the model almost always sticks
+        ent_coef=args.ent_coef,
         num_steps=4,
         minibatch_size=32,
         micro_batch_size=16,
-        learning_rate=2e-4,
+        learning_rate=args.learning_rate,
         kl_coef=0.0,
     )
     policy = PPOPolicy.from_pretrained(args.model, config=config)  # LoRA attached
@@ -53,7 +57,8 @@ def main() -> None:
     print(f"run written to {args.out} (learning_curve.png, metrics.jsonl, final/)")
     # The trained policy plays through the ordinary env loop.
     messages, _ = eval_env.reset(seed=1)
-    print(messages[-1]["content"], "->", policy.act(messages, greedy=True))
+    choices = eval_env.get_wrapper_attr("reply_choices")()  # the valid replies
+    print(messages[-1]["content"], "->", policy.act(messages, choices=choices, greedy=True))
 
 
 if __name__ == "__main__":

@@ -6,8 +6,9 @@ The model must call ``calculator(<expr>)``, read the observation, then answer. T
 a few questions, trains a LoRA adapter by PPO (metrics, checkpoints, learning curve and the final
 policy go to --out), reloads the saved adapter with ``peft.PeftModel.from_pretrained`` on a
 freshly loaded base model and plays the same questions with plain ``transformers`` (greedy
-``generate``). Offline; about 6 minutes on a 2-core CPU. On a CPU shared with other jobs, set
-``OMP_NUM_THREADS=1``: OpenMP threads fighting for the cores can make it several times slower.
+``generate``). Offline; 469 s in one run on one CPU core (OMP_NUM_THREADS=1). On a CPU shared
+with other jobs, set ``OMP_NUM_THREADS=1``: OpenMP threads fighting for the cores can make it
+several times slower.
 The base model calls the calculator but never stops calling it; three PPO updates (the 16
 default episodes) teach it to answer after the observation. Output (trimmed; numbers vary):
 

@@ -9,8 +9,8 @@ validator accepting " Tea ", no extra fields) and mapped to the Dict action by `
 The text env is registered with ``gym.register`` and checked with ``textgym.check_text_env``;
 the embedded model is trained with PPO and evaluated (greedy) before and after.
 
-Expected output with the defaults (one run: 9 min wall, OMP_NUM_THREADS=1, on 2 CPU cores
-shared with other jobs; the system prompt is cut short here):
+Expected output with the defaults (one run: 470 s wall on one CPU core, OMP_NUM_THREADS=1,
+the other core busy with another job; the system prompt is cut short here):
 
     check_text_env: 20 round trips passed
     --- system prompt ---
