@@ -32,14 +32,15 @@ a lot, an earlier one started at 12.5% success):
     PFFS
     GHHH
 
-Only the last of its six updates saw a success (in both runs); that one batch moved the sampled
-policy, not its most likely move at the left end, so greedy play still waits there. Longer is not simply
-better: with ``--episodes 200`` the training success rate peaked at 38% near episode 80, then
-the policy collapsed onto "left" everywhere (entropy 2.0 -> 0.2), stopped reaching G and had
-nothing left to learn from. ``ent_coef`` or ``kl_coef`` are the settings to try against that.
-Choice decoding (``decoding="choices"``, no invalid replies) did worse here: a turn that is not
-a move wastes time without risk, and without those the sampled policy reached G once in 64
-training episodes (temperature 2, ``ent_coef=0.1``) and greedy play still only went left.
+Only the last of its six updates saw a success (in both runs); that one batch moved the
+sampled policy, not its most likely move at the left end, so greedy play still waits there.
+Longer is not simply better: with ``--episodes 200`` the training success rate peaked at 38%
+near episode 80, then the policy collapsed onto "left" everywhere (entropy 2.0 -> 0.2), stopped
+reaching G and had nothing left to learn from. ``ent_coef`` or ``kl_coef`` are the settings to
+try against that. Choice decoding (``decoding="choices"``, no invalid replies) did worse here:
+a turn that is not a move wastes time without risk, and without those the sampled policy
+reached G once in 64 training episodes (temperature 2, ``ent_coef=0.1``) and greedy play still
+only went left.
 """
 
 from __future__ import annotations
