@@ -56,6 +56,26 @@ def zero_shot(policy: PPOPolicy, env_id: str, mode: str, episodes: int) -> dict[
     return {**result, "s_per_turn": (time.perf_counter() - start) / max(turns, 1)}
 
 
+def same_prompts(policy: PPOPolicy, env_id: str, modes: list[str], n: int = 16) -> dict:
+    """Seconds per reply of each mode on the same n first-turn prompts (one batch, greedy, best
+    of 2): the cost of a decision without the episode-length effects of playing whole episodes
+    (an invalid-reply run ends early; finished envs leave batches part-empty)."""
+    envs = gym.make_vec(env_id, num_envs=n)
+    batch = list(envs.reset(seed=10_000)[0])
+    choices, schemas = reply_choices(envs), reply_schemas(envs)
+    envs.close()
+    seconds = {}
+    for mode in modes:
+        policy.config = config(mode)
+        best = float("inf")
+        for _ in range(2):
+            start = time.perf_counter()
+            policy.generate(batch, greedy=True, choices=choices, schemas=schemas)
+            best = min(best, time.perf_counter() - start)
+        seconds[mode] = best / n
+    return seconds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--episodes", type=int, default=50, help="zero-shot episodes per env")
@@ -91,6 +111,19 @@ def main() -> None:
             if mode in timings:
                 speedup = timings["free"] / timings[mode]
                 print(f"{'':<24}{mode}: {speedup:.1f}x faster per turn than free")
+        same = same_prompts(policy, env_id, modes)
+        print(
+            f"{'':<24}same 16 first-turn prompts, s/reply: "
+            + ", ".join(f"{mode} {t:.3f}" for mode, t in same.items())
+            + "; "
+            + ", ".join(
+                f"{mode} {same['free'] / same[mode]:.1f}x"
+                for mode in ("choices", "constrained")
+                if mode in same
+            )
+            + " faster than free",
+            flush=True,
+        )
 
     if args.train_hands <= 0:
         return

@@ -1,6 +1,6 @@
 """Train the embedded SmolLM2 model to play blackjack: text env + PPOPolicy, offline.
 
-    python examples/blackjack_text_env.py [--hands 500] [--out runs/blackjack]
+    python examples/blackjack_text_env.py [--hands 400] [--out runs/blackjack]
 
 Shows a progress bar, writes metrics, checkpoints, the final adapter and a learning-curve
 PNG to --out, and prints the greedy evaluation before and after training.
@@ -18,7 +18,7 @@ from textgym_agents import PPOConfig, PPOPolicy, evaluate
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hands", type=int, default=500, help="training hands")
+    parser.add_argument("--hands", type=int, default=400, help="training hands")
     parser.add_argument("--eval-hands", type=int, default=200)
     parser.add_argument("--num-envs", type=int, default=16)
     parser.add_argument("--temperature", type=float, default=2.0, help="sampling in training")
