@@ -23,6 +23,7 @@ from textgym.cli_common import UsageError
 
 __all__ = [
     "FLAG_PREFIX",
+    "CHOICE_DEFAULTS",
     "QUICK_DEFAULTS",
     "TRAIN_FILE_KEYS",
     "add_config_flags",
@@ -43,10 +44,17 @@ QUICK_DEFAULTS: dict[str, Any] = {
     "learning_rate": 2e-4,
     "kl_coef": 0.0,
 }
+# With choice decoding: explore. Zero-shot the embedded model puts ~95% on one Blackjack reply,
+# and at temperature 1 without an entropy bonus PPO collapses onto it within a few updates
+# (docs/design.md, "Open problem"); these keep the choice entropy up.
+CHOICE_DEFAULTS: dict[str, Any] = {"temperature": 2.0, "ent_coef": 0.3, "learning_rate": 1e-4}
 # What the per-env defaults of :func:`env_defaults` mean, for the help of these flags.
 ENV_DEFAULT_NOTES = {
     "decoding": "'choices' where the env lists its valid replies, else 'free'",
     "reply_prefix": 'with choices, the start all valid replies share, e.g. \'{"action": "\'',
+    "temperature": "2.0 with choices, else 1.0",
+    "ent_coef": "0.3 with choices, else 0.0",
+    "learning_rate": "0.0001 with choices, else 0.0002",
 }
 # Keys of a config file that are `textgym train` options rather than PPOConfig fields.
 TRAIN_FILE_KEYS: dict[str, Any] = {
@@ -280,7 +288,8 @@ def env_defaults(choices: Sequence[str] | None, given: Mapping[str, Any]) -> dic
     """Settings used unless given: :data:`QUICK_DEFAULTS` and the decoding that suits the env.
 
     Where the env lists its valid replies, ``decoding="choices"`` with the replies' common
-    start as ``reply_prefix``: every reply is valid and a turn is one forward pass. Elsewhere,
+    start as ``reply_prefix``: every reply is valid and a turn is one forward pass, and
+    :data:`CHOICE_DEFAULTS` (temperature 2 over the choices, an entropy bonus) explore. Elsewhere,
     free text. With ``decoding="free"`` asked for on such an env, the prefix and a stop at its
     closing quote make each reply a short completion (examples/blackjack_text_env.py).
 
@@ -288,12 +297,16 @@ def env_defaults(choices: Sequence[str] | None, given: Mapping[str, Any]) -> dic
         >>> defaults = env_defaults(['{"action": "stick"}', '{"action": "hit"}'], {"num_steps": 8})
         >>> defaults["decoding"], defaults["reply_prefix"], "num_steps" in defaults
         ('choices', '{"action": "', False)
+        >>> defaults["temperature"], defaults["ent_coef"]  # explore over the valid replies
+        (2.0, 0.3)
     """
     values = dict(QUICK_DEFAULTS)
     minibatch = given.get("minibatch_size")
     if isinstance(minibatch, int) and minibatch >= 1:  # keep micro <= minibatch
         values["micro_batch_size"] = min(values["micro_batch_size"], minibatch)
     values["decoding"] = decoding = given.get("decoding", "choices" if choices else "free")
+    if decoding == "choices":
+        values.update(CHOICE_DEFAULTS)
     prefix = reply_prefix_of(choices)
     if prefix and decoding in ("choices", "constrained", "auto"):
         values["reply_prefix"] = prefix

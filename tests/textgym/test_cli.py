@@ -243,8 +243,15 @@ def test_env_defaults_pick_the_decoding_for_the_env():
     defaults = env_defaults(blackjack, {})
     assert defaults["decoding"] == "choices" and defaults["reply_prefix"] == '{"action": "'
     assert defaults["num_steps"] == 4 and defaults["kl_coef"] == 0.0
+    assert (defaults["temperature"], defaults["ent_coef"], defaults["learning_rate"]) == (
+        2.0,
+        0.3,
+        1e-4,
+    )  # choices explore
+    assert "temperature" not in env_defaults(blackjack, {"temperature": 1.0})  # given wins
     free = env_defaults(blackjack, {"decoding": "free"})
     assert free["stop_strings"] == ['"'] and "decoding" not in free
+    assert "temperature" not in free and "ent_coef" not in free and free["learning_rate"] == 2e-4
     assert env_defaults(None, {})["decoding"] == "free"
     assert "reply_prefix" not in env_defaults(None, {})
     assert env_defaults(blackjack, {"minibatch_size": 8})["micro_batch_size"] == 8
