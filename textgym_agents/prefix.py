@@ -150,8 +150,7 @@ def continue_tree(
         the start column of each of its continuations.
     """
     device = first.hidden.device
-    sizes = [[len(c) for c in row] for row in continuations]
-    width = max(1, max(sum(row) for row in sizes))
+    width = max(1, max(sum(len(c) for c in row) for row in continuations))
     cached = first.attention_mask.shape[1]
     input_ids = torch.full((len(continuations), width), pad, dtype=torch.long)
     positions = torch.zeros((len(continuations), width), dtype=torch.long)
