@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 import textgym  # noqa: F401
-from textgym import TextEnvWrapper
+from textgym.checker import find_text_wrapper
 from textgym_agents import Generation, PPOConfig, PPOPolicy, evaluate
 from textgym_agents.tracking import plot_learning_curves
 
@@ -55,9 +55,7 @@ def basic_strategy(total: int, dealer: int, usable_ace: bool) -> str:
 def hit_map(policy: PPOPolicy, env: gym.Env) -> dict[int, tuple[float, float]]:
     """Per hard player total (4-21): the share of dealer cards the greedy policy hits on, and
     the mean P(hit) (at the policy's temperature), from first-turn prompts of the text env."""
-    text_env = env
-    while not isinstance(text_env, TextEnvWrapper):  # the text layer under gym.make's wrappers
-        text_env = text_env.env
+    text_env = find_text_wrapper(env)  # the text layer under gym.make's wrappers
     options = text_env.reply_choices()
     hit = options.index('{"action": "hit"}')
     states = [(total, dealer) for total in range(4, 22) for dealer in range(1, 11)]
