@@ -1,7 +1,8 @@
 """Durable, pickle-free checkpoint files: tensors go to safetensors, everything else to JSON.
 
-Every write is atomic (temp file or directory, fsync, rename), so a killed run leaves either the
-previous checkpoint or the new one, never a half-written file at a name that is read back.
+Every write is atomic (:mod:`textgym_agents.atomic`: temp file or directory, fsync, rename), so
+a killed run leaves either the previous checkpoint or the new one, never a half-written file at
+a name that is read back.
 """
 
 from __future__ import annotations
@@ -13,30 +14,30 @@ import random
 import re
 import secrets
 import shutil
-import tempfile
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import safetensors.torch
 import torch
 
+from textgym_agents.atomic import (
+    atomic_directory,
+    atomic_write_json,
+    load_tensors,
+    remove_path,
+    save_tensors,
+)
+
 __all__ = [
-    "atomic_directory",
-    "atomic_write_bytes",
-    "atomic_write_json",
     "discard_checkpoints_after",
     "latest_checkpoint",
     "list_checkpoints",
     "load_checkpoint",
-    "load_tensors",
     "optimizer_state_from_files",
     "optimizer_state_to_files",
     "rng_state",
     "save_checkpoint",
-    "save_tensors",
     "set_rng_state",
     "state_from_files",
     "state_to_files",
@@ -49,167 +50,6 @@ _STEP_DIR = re.compile(r"step_(\d{8,})")
 _LEFTOVER = re.compile(r"step_\d{8,}\.(tmp|old)-.*")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 _TAGS = ("__tuple__", "__tensor__", "__ndarray__", "__dict__")
-
-
-def _fsync_dir(path: Path) -> None:
-    # A rename is only durable once the directory holding the new entry is flushed.
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # Windows cannot open directories; its renames are journaled anyway.
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-@contextmanager
-def _atomic_file(path: str | os.PathLike[str]) -> Iterator[Path]:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        yield Path(tmp)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-
-
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write ``data`` to ``path`` so readers see the old file or the new one, never a mix.
-
-    Example:
-        >>> import tempfile, pathlib
-        >>> p = pathlib.Path(tempfile.mkdtemp()) / "a.bin"
-        >>> atomic_write_bytes(p, b"hi"); p.read_bytes()
-        b'hi'
-    """
-    with _atomic_file(path) as tmp, open(tmp, "wb") as f:
-        f.write(data)
-
-
-def _json_default(obj: Any) -> Any:
-    if isinstance(obj, np.generic):
-        return obj.item()
-    if isinstance(obj, os.PathLike):
-        return os.fspath(obj)
-    raise TypeError(
-        f"Cannot write {type(obj).__name__} to JSON; put tensors in `tensors=` or encode the "
-        "object with state_to_files()"
-    )
-
-
-def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> None:
-    """Atomically write ``obj`` as indented JSON (numpy scalars become Python numbers).
-
-    NaN and infinities are written as Python's ``NaN``/``Infinity`` so they round-trip.
-
-    Example:
-        >>> import tempfile, pathlib, json
-        >>> p = pathlib.Path(tempfile.mkdtemp()) / "a.json"
-        >>> atomic_write_json(p, {"step": 3}); json.loads(p.read_text())
-        {'step': 3}
-    """
-    atomic_write_bytes(path, json.dumps(obj, indent=2, default=_json_default).encode() + b"\n")
-
-
-def save_tensors(
-    path: str | os.PathLike[str],
-    tensors: Mapping[str, torch.Tensor],
-    metadata: dict[str, str] | None = None,
-) -> None:
-    """Atomically write ``tensors`` to a safetensors file (moved to CPU; shared storage is fine).
-
-    Example:
-        >>> import tempfile, pathlib, torch
-        >>> p = pathlib.Path(tempfile.mkdtemp()) / "t.safetensors"
-        >>> w = torch.arange(4.0)
-        >>> save_tensors(p, {"w": w, "head": w[:2]}); load_tensors(p)["head"]
-        tensor([0., 1.])
-    """
-    if metadata is not None and not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
-    ):
-        raise TypeError(f"safetensors metadata must map str to str, got {metadata!r}")
-    seen: set[int] = set()
-    prepared = {}
-    for name, tensor in tensors.items():
-        if not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"Expected a torch.Tensor for {name!r}, got {type(tensor).__name__}")
-        t = tensor.detach().to("cpu").contiguous()
-        ptr = t.untyped_storage().data_ptr()
-        # safetensors refuses tensors that alias each other; copies break the aliasing.
-        prepared[name] = t.clone() if ptr in seen and t.numel() else t
-        seen.add(ptr)
-    with _atomic_file(path) as tmp:
-        safetensors.torch.save_file(prepared, tmp, metadata=metadata)
-
-
-def load_tensors(path: str | os.PathLike[str], device: str = "cpu") -> dict[str, torch.Tensor]:
-    """Read every tensor of a safetensors file (see :func:`save_tensors`)."""
-    return safetensors.torch.load_file(path, device=device)
-
-
-@contextmanager
-def atomic_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
-    """Yield a temp directory next to ``path`` that becomes ``path`` on a clean exit.
-
-    Files in it are fsynced, then it is renamed to ``path``. If ``path`` exists it is renamed
-    to ``path.old-<random>`` first, the new directory is renamed in, and the old one deleted.
-    A crash between those two renames leaves no ``path``: the previous version survives as
-    ``path.old-*`` and the new one as ``path.tmp-*``, both ignored by :func:`latest_checkpoint`
-    and removed by the next :func:`save_checkpoint`. On an exception the temp directory is
-    removed and ``path`` is untouched.
-
-    Example:
-        >>> import tempfile, pathlib
-        >>> p = pathlib.Path(tempfile.mkdtemp()) / "out"
-        >>> with atomic_directory(p) as tmp:
-        ...     _ = (tmp / "f.txt").write_text("x")
-        >>> sorted(q.name for q in p.iterdir())
-        ['f.txt']
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f"{path.name}.tmp-"))
-    try:
-        yield tmp
-        for root, _dirs, files in os.walk(tmp):
-            for name in files:
-                fd = os.open(Path(root) / name, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-            _fsync_dir(Path(root))
-        aside = None
-        if path.exists() or path.is_symlink():
-            aside = path.with_name(f"{path.name}.old-{secrets.token_hex(4)}")
-            os.rename(path, aside)
-        try:
-            os.rename(tmp, path)  # the crash window described above ends here
-        except BaseException:
-            if aside is not None:
-                os.rename(aside, path)
-            raise
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    _fsync_dir(path.parent)
-    if aside is not None:
-        _remove(aside)
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    else:
-        path.unlink(missing_ok=True)
 
 
 def _encode(obj: Any, name: str, tensors: dict[str, torch.Tensor]) -> Any:
@@ -393,7 +233,7 @@ def save_checkpoint(
     for leftover in ckpt_dir.iterdir():
         if _LEFTOVER.fullmatch(leftover.name):
             logger.warning("Removing %s left by an interrupted checkpoint save", leftover)
-            _remove(leftover)
+            remove_path(leftover)
     path = ckpt_dir / f"step_{step:08d}"
     with atomic_directory(path) as tmp:
         for name, group in tensors.items():

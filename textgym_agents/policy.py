@@ -19,7 +19,8 @@ import torch
 from peft import PeftModel
 from torch import nn
 
-from textgym_agents.checkpoint import (
+from textgym_agents.adapters import ValueHead, attach_lora, hidden_size_of, load_adapter
+from textgym_agents.atomic import (
     atomic_directory,
     atomic_write_json,
     load_tensors,
@@ -27,13 +28,7 @@ from textgym_agents.checkpoint import (
 )
 from textgym_agents.choices import choice_token_ids
 from textgym_agents.constrained import GrammarCompiler, decoding_mode
-from textgym_agents.models import (
-    ValueHead,
-    attach_lora,
-    hidden_size_of,
-    load_adapter,
-    load_model,
-)
+from textgym_agents.models import load_model
 from textgym_agents.ppo.config import PPOConfig
 from textgym_agents.prefix import generation_inputs
 from textgym_agents.scoring import PolicyScoring, Scores
@@ -86,7 +81,7 @@ class PPOPolicy(PolicyScoring):
             tokenizer: Its tokenizer (needs a chat template).
             value_head: The value head; a new one is created when None.
             config: Generation and training settings.
-            lora: LoRA settings for :func:`~textgym_agents.models.attach_lora`.
+            lora: LoRA settings for :func:`~textgym_agents.adapters.attach_lora`.
             base_info: How to reload the base model (name, gguf file, dtype), kept by save().
         """
         self.config = config or PPOConfig()

@@ -1,6 +1,7 @@
 """Tiny, offline stand-ins for the real model, for tests and benchmarks that must run in seconds.
 
-`load_tokenizer` gives the embedded SmolLM2 tokenizer; `tiny_model` a random Llama that uses it;
+`load_tokenizer` gives the embedded SmolLM2 tokenizer; `tiny_model` a random Llama that uses it
+(`logits_of` reads its logits on a text);
 `PayingChoice` a one-step env where one of two actions always pays.
 """
 
@@ -108,6 +109,23 @@ def tiny_model(
         model = LlamaForCausalLM(config)
     model.generation_config = GenerationConfig(**ids)
     return model.to(dtype).eval(), tokenizer
+
+
+def logits_of(
+    model: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    text: str = "The quick brown fox jumps over the lazy dog.",
+) -> torch.Tensor:
+    """Next-token logits ``(1, T, vocab)`` of ``model`` on ``text``, without gradients.
+
+    Example:
+        >>> model, tokenizer = tiny_model(word_tokenizer(["a", "b"]))
+        >>> logits_of(model, tokenizer, "a b").shape[:2]
+        torch.Size([1, 2])
+    """
+    input_ids = tokenizer(text, return_tensors="pt").input_ids.to(model.device)
+    with torch.no_grad():
+        return model(input_ids).logits
 
 
 def word_tokenizer(words: list[str]) -> PreTrainedTokenizerBase:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from textgym_agents.checkpoint import atomic_write_bytes
+from textgym_agents.atomic import atomic_write_bytes
 
 __all__ = [
     "METRICS_FILE",

@@ -27,12 +27,11 @@ from peft import set_peft_model_state_dict
 from peft.utils import load_peft_weights
 from tqdm.auto import tqdm
 
+from textgym_agents.atomic import atomic_write_json, load_tensors
 from textgym_agents.checkpoint import (
-    atomic_write_json,
     discard_checkpoints_after,
     latest_checkpoint,
     load_checkpoint,
-    load_tensors,
     optimizer_state_from_files,
     optimizer_state_to_files,
     rng_state,
