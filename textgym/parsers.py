@@ -17,12 +17,11 @@ import pydantic_core
 from pydantic import BaseModel, ValidationError
 
 from textgym.instructions import describe_model, example_from_schema
+from textgym.json_spans import fenced_blocks, json_objects, outside_json
 from textgym.schemas import ActionNames, ActionSchema, schema_from_space
 
 __all__ = ["ActionParseError", "ActionParser", "FunctionParser", "JSONActionParser", "as_parser"]
 
-_FENCE = re.compile(r"```[ \t]*(?:json|JSON)?[ \t]*\n?(.*?)```", re.DOTALL)
-_JSON_TOKENS = re.compile(r'[{}"]')
 _MAX_CANDIDATES = 8
 _MAX_ERROR_CHARS = 500
 
@@ -188,9 +187,13 @@ class JSONActionParser(ActionParser):
             raise ActionParseError(f"could not convert the reply to an action: {e}", text) from e
 
     def _validate(self, text: str) -> BaseModel:
-        fenced = [m.group(1) for m in _FENCE.finditer(text)]
-        sources = fenced or [text]
-        candidates = [span for s in sources for span in _json_objects(s)][:_MAX_CANDIDATES]
+        fenced = fenced_blocks(text)
+        candidates: list[str] = []
+        for source in fenced or [text]:
+            if "}" in source:  # most fences of a hostile reply hold no object: skip them fast
+                candidates += json_objects(source, _MAX_CANDIDATES - len(candidates))
+            if len(candidates) >= _MAX_CANDIDATES:
+                break
         first_error: ActionParseError | None = None
         valid: list[BaseModel] = []
         for candidate in candidates:
@@ -238,7 +241,7 @@ class JSONActionParser(ActionParser):
     def _validate_names(self, text: str) -> BaseModel | None:
         # Only free text counts: a name inside a rejected JSON object ({"action": "hit",
         # "extra": 1}) must not turn that object into a valid reply.
-        matches = self._names_pattern.finditer(_outside_json(text))  # type: ignore[union-attr]
+        matches = self._names_pattern.finditer(outside_json(text))  # type: ignore[union-attr]
         found = sorted({int(m.lastgroup[1:]) for m in matches})  # type: ignore[index]
         names = self.schema.names or ()
         if len(found) > 1:
@@ -362,56 +365,6 @@ def _schema_for_model(model: type[BaseModel]) -> ActionSchema:
         to_action = lambda m: m.model_dump()  # noqa: E731
     from_action = getattr(model, "from_action", None)
     return ActionSchema(model=model, to_action=to_action, from_action=from_action, field=single)
-
-
-def _json_objects(text: str) -> list[str]:
-    """Return the first top-level ``{...}`` spans, skipping braces inside JSON strings."""
-    return [text[start:end] for start, end in _json_spans(text, _MAX_CANDIDATES)]
-
-
-def _outside_json(text: str) -> str:
-    """Return the free text of a reply: every top-level ``{...}`` span blanked out."""
-    parts, end = [], 0
-    for start, stop in _json_spans(text, None):
-        parts.append(text[end:start])
-        end = stop
-    parts.append(text[end:])
-    return " ".join(parts)
-
-
-def _json_spans(text: str, limit: int | None) -> list[tuple[int, int]]:
-    """Return ``(start, end)`` of the top-level ``{...}`` spans (at most ``limit`` of them)."""
-    spans: list[tuple[int, int]] = []
-    depth, start, in_string = 0, 0, False
-    # No span can end after the last "}": stop there (a reply of a million "{" costs nothing).
-    last_close = text.rfind("}")
-    for match in _JSON_TOKENS.finditer(text, 0, last_close + 1):
-        char, pos = match.group(), match.start()
-        if in_string:
-            if char == '"' and not _is_escaped(text, pos):
-                in_string = False
-            continue
-        if char == '"' and depth > 0:
-            in_string = True
-        elif char == "{":
-            if depth == 0:
-                start = pos
-            depth += 1
-        elif char == "}" and depth > 0:
-            depth -= 1
-            if depth == 0:
-                spans.append((start, pos + 1))
-                if limit is not None and len(spans) >= limit:
-                    break
-    return spans
-
-
-def _is_escaped(text: str, pos: int) -> bool:
-    """True if the character at ``pos`` is preceded by an odd number of backslashes."""
-    count = 0
-    while pos - count - 1 >= 0 and text[pos - count - 1] == "\\":
-        count += 1
-    return count % 2 == 1
 
 
 def _validation_error(error: ValidationError, reply: str) -> ActionParseError:
