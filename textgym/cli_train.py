@@ -116,6 +116,12 @@ def add_parser(subparsers: Any, common: argparse.ArgumentParser, train_flags: bo
     train.add_argument(
         "--sft-epochs", type=float, default=1.0, help="epochs of the warm start (default: 1)"
     )
+    train.add_argument(
+        "--sft-learning-rate",
+        type=float,
+        default=2e-4,
+        help="learning rate of the warm start (default: 2e-4; --learning-rate is PPO's)",
+    )
     add_env_arg(train)
     if train_flags:
         add_config_flags(train, import_agents().PPOConfig)
@@ -281,6 +287,8 @@ def _train(args: argparse.Namespace, agents: Any, process: Any) -> int:
     policy = from_pretrained(agents, plan.model, plan.config)
     info = {key: getattr(plan, key) for key in ("env_id", "env_args", "model", "episodes")}
     info.update(num_envs=plan.num_envs, eval_episodes=plan.eval_episodes, sft_data=args.sft_data)
+    if args.sft_data:
+        info.update(sft_epochs=args.sft_epochs, sft_learning_rate=args.sft_learning_rate)
     if process.is_main:
         write_run_info(out, {"env": info.pop("env_id"), **info})
     env = make_env(env_id, plan.env_args)
@@ -292,7 +300,11 @@ def _train(args: argparse.Namespace, agents: Any, process: Any) -> int:
     if args.sft_data and plan.checkpoint is None:  # a resumed run's adapter already has it
         print(f"Warm start: fine-tuning on {args.sft_data}...", flush=True)
         sft = agents.sft_warm_start(
-            policy, args.sft_data, epochs=args.sft_epochs, progress=plan.config.progress
+            policy,
+            args.sft_data,
+            epochs=args.sft_epochs,
+            learning_rate=args.sft_learning_rate,
+            progress=plan.config.progress,
         )
         print(
             f"SFT: {sft['sft/steps']:.0f} steps, loss {sft['sft/loss_first']:.3f} -> "

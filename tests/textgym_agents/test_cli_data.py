@@ -137,6 +137,7 @@ def test_bad_input_gives_a_clear_error(work, tmp_path, capsys, monkeypatch):
 def test_train_warm_starts_from_a_dataset(work, tiny_dir):
     cwd, _ = work
     args = ["train", "--model", tiny_dir, "--sft-data", "demos", "--sft-epochs", "1"]
+    args += ["--sft-learning-rate", "5e-4"]
     args += ["--episodes", "4", "--num-envs", "2", "--eval-episodes", "2", "--output", "warm"]
     result = textgym(*args, "--no-progress", cwd=cwd)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -146,4 +147,5 @@ def test_train_warm_starts_from_a_dataset(work, tiny_dir):
     assert ["after", "SFT"] in rows  # the table has base, after SFT and trained rows
     info = json.loads((cwd / "warm" / "cli.json").read_text())
     assert info["sft_data"] == "demos"
+    assert (info["sft_epochs"], info["sft_learning_rate"]) == (1.0, 5e-4)
     assert (cwd / "warm" / "final" / "adapter").is_dir()
