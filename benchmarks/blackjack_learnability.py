@@ -30,9 +30,9 @@ from textgym.checker import find_text_wrapper
 from textgym_agents import PPOConfig, PPOPolicy
 
 try:
-    from blackjack_learning import basic_strategy
+    from blackjack_learning import basic_strategy, first_turn_prompt
 except ImportError:  # imported as benchmarks.blackjack_learnability
-    from benchmarks.blackjack_learning import basic_strategy
+    from benchmarks.blackjack_learning import basic_strategy, first_turn_prompt
 
 SHOWN_TOTALS = (5, 9, 12, 14, 16, 18, 20)
 
@@ -69,15 +69,7 @@ def main() -> None:
     hit = options.index('{"action": "hit"}')
     ids = policy.choice_ids(options)
     states = first_turn_states()
-    prompts = [
-        policy.encode(
-            [
-                {"role": "system", "content": text_env.system_prompt},
-                {"role": "user", "content": text_env.format_observation(s, {})},
-            ]
-        )
-        for s in states
-    ]
+    prompts = [first_turn_prompt(policy, text_env, s) for s in states]
     labels = torch.tensor([hit if basic_strategy(*s) == "hit" else 1 - hit for s in states])
     params = [p for p in policy.model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)

@@ -52,6 +52,15 @@ def basic_strategy(total: int, dealer: int, usable_ace: bool) -> str:
     return "stick"
 
 
+def first_turn_prompt(policy: PPOPolicy, text_env, state: tuple[int, int, int]) -> list[int]:
+    """Token ids of what the model sees on a hand's first turn in ``state`` (total, dealer, ace)."""
+    messages = [
+        {"role": "system", "content": text_env.system_prompt},
+        {"role": "user", "content": text_env.format_observation(state, {})},
+    ]
+    return policy.encode(messages)
+
+
 def hit_map(policy: PPOPolicy, env: gym.Env) -> dict[int, tuple[float, float]]:
     """Per hard player total (4-21): the share of dealer cards the greedy policy hits on, and
     the mean P(hit) (at the policy's temperature), from first-turn prompts of the text env."""
@@ -59,15 +68,7 @@ def hit_map(policy: PPOPolicy, env: gym.Env) -> dict[int, tuple[float, float]]:
     options = text_env.reply_choices()
     hit = options.index('{"action": "hit"}')
     states = [(total, dealer) for total in range(4, 22) for dealer in range(1, 11)]
-    prompts = [
-        policy.encode(
-            [
-                {"role": "system", "content": text_env.system_prompt},
-                {"role": "user", "content": text_env.format_observation((t, d, 0), {})},
-            ]
-        )
-        for t, d in states
-    ]
+    prompts = [first_turn_prompt(policy, text_env, (t, d, 0)) for t, d in states]
     ids = policy.choice_ids(options)
     with torch.no_grad():
         logps = policy.score_choices(prompts, [ids] * len(prompts)).logps
