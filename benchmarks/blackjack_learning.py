@@ -7,6 +7,9 @@ stick, and basic strategy (hit/stand table for these rules).
 
     python benchmarks/blackjack_learning.py [--hands 3000] [--eval-hands 1000] [--out DIR]
 
+With choice decoding it also prints the exact expected return of the greedy policy before and
+after (``blackjack_exact.py``: no sampling noise; basic strategy, the optimum, is -0.043).
+
 Target (issue 3): after <= 3,000 training hands, greedy mean return >= -0.15.
 The run directory (metrics, checkpoints, learning curve) is written to --out.
 """
@@ -28,7 +31,15 @@ from textgym.checker import find_text_wrapper
 from textgym_agents import Generation, PPOConfig, PPOPolicy, evaluate
 from textgym_agents.tracking import plot_learning_curves
 
+try:
+    import blackjack_exact
+    from blackjack_exact import basic_strategy
+except ImportError:  # imported as benchmarks.blackjack_learning
+    from benchmarks import blackjack_exact
+    from benchmarks.blackjack_exact import basic_strategy
+
 TARGET = -0.15
+ACTIONS = ("stick", "hit")  # Blackjack-v1's action ids
 _STATE = re.compile(r"totals (\d+)(, counting an ace as 11)?\. The dealer shows (?:an? )?(\w+)")
 
 
@@ -37,19 +48,6 @@ def read_state(messages):
     match = _STATE.search(messages[-1]["content"])
     dealer = match.group(3)
     return int(match.group(1)), 1 if dealer == "ace" else int(dealer), bool(match.group(2))
-
-
-def basic_strategy(total: int, dealer: int, usable_ace: bool) -> str:
-    """Hit/stand basic strategy for Blackjack-v1 (no doubling or splitting)."""
-    if usable_ace:
-        return "hit" if total <= 17 or (total == 18 and dealer in (9, 10, 1)) else "stick"
-    if total <= 11:
-        return "hit"
-    if total == 12:
-        return "stick" if dealer in (4, 5, 6) else "hit"
-    if total <= 16:
-        return "stick" if 2 <= dealer <= 6 else "hit"
-    return "stick"
 
 
 def first_turn_prompt(policy: PPOPolicy, text_env, state: tuple[int, int, int]) -> list[int]:
@@ -61,20 +59,44 @@ def first_turn_prompt(policy: PPOPolicy, text_env, state: tuple[int, int, int]) 
     return policy.encode(messages)
 
 
-def hit_map(policy: PPOPolicy, env: gym.Env) -> dict[int, tuple[float, float]]:
-    """Per hard player total (4-21): the share of dealer cards the greedy policy hits on, and
-    the mean P(hit) (at the policy's temperature), from first-turn prompts of the text env."""
+def hit_choices(policy: PPOPolicy, env: gym.Env, states) -> torch.Tensor:
+    """(N, 2) choice log-probabilities (column 0 stick, 1 hit) of first-turn prompts in ``states``
+    (total, dealer card, usable ace), as choice decoding scores them."""
     text_env = find_text_wrapper(env)  # the text layer under gym.make's wrappers
     options = text_env.reply_choices()
-    hit = options.index('{"action": "hit"}')
-    states = [(total, dealer) for total in range(4, 22) for dealer in range(1, 11)]
-    prompts = [first_turn_prompt(policy, text_env, (t, d, 0)) for t, d in states]
+    order = [options.index('{"action": "stick"}'), options.index('{"action": "hit"}')]
+    prompts = [first_turn_prompt(policy, text_env, state) for state in states]
     ids = policy.choice_ids(options)
     with torch.no_grad():
         logps = policy.score_choices(prompts, [ids] * len(prompts)).logps
+    return torch.stack(list(logps))[:, order]
+
+
+def greedy_table(policy: PPOPolicy, env: gym.Env) -> dict[tuple[int, int, bool], str]:
+    """The greedy choice ("hit" or "stick") in every state a hand can show.
+
+    The text env shows only the current state, so with choice decoding this table is the whole
+    greedy policy: ``blackjack_exact.expected_return`` gives its exact expected return.
+    """
+    states = list(blackjack_exact.states())
+    picks = hit_choices(policy, env, states).argmax(1).tolist()
+    return {state: ACTIONS[pick] for state, pick in zip(states, picks, strict=True)}
+
+
+def exact_return(policy: PPOPolicy, env: gym.Env) -> float:
+    """Exact expected return of the policy's greedy choices (no sampling noise)."""
+    table = greedy_table(policy, env)
+    return blackjack_exact.expected_return(lambda *state: table[state])
+
+
+def hit_map(policy: PPOPolicy, env: gym.Env) -> dict[int, tuple[float, float]]:
+    """Per hard player total (4-21): the share of dealer cards the greedy policy hits on, and
+    the mean P(hit) (at the policy's temperature), from first-turn prompts of the text env."""
+    states = [(total, dealer, 0) for total in range(4, 22) for dealer in range(1, 11)]
+    logps = hit_choices(policy, env, states)
     table: dict[int, list[tuple[bool, float]]] = {}
-    for (total, _), row in zip(states, logps, strict=True):
-        table.setdefault(total, []).append((int(row.argmax()) == hit, float(row[hit].exp())))
+    for (total, _, _), row in zip(states, logps, strict=True):
+        table.setdefault(total, []).append((int(row.argmax()) == 1, float(row[1].exp())))
     return {
         t: (float(np.mean([g for g, _ in v])), float(np.mean([p for _, p in v])))
         for t, v in table.items()
@@ -174,6 +196,10 @@ def main() -> None:
     report("SmolLM2-135M before", before, time.perf_counter() - start)
     maps = {"before": hit_map(policy, eval_env)}
     print_hit_map("before", maps["before"])
+    exact = {}  # exact expected return of the greedy decision table (choice decoding only)
+    if args.decoding == "choices":
+        exact["before"] = exact_return(policy, eval_env)
+        print(f"before: exact expected return {exact['before']:+.3f}", flush=True)
 
     envs = gym.make_vec("textgym/Blackjack-v1", num_envs=args.num_envs)
     start = time.perf_counter()
@@ -186,6 +212,9 @@ def main() -> None:
     report("SmolLM2-135M after", after, time.perf_counter() - start)
     maps["after"] = hit_map(policy, eval_env)
     print_hit_map("after", maps["after"])
+    if args.decoding == "choices":
+        exact["after"] = exact_return(policy, eval_env)
+        print(f"after: exact expected return {exact['after']:+.3f}", flush=True)
     verdict = "met" if after["mean_return"] >= TARGET else "MISSED"
     print(f"target: greedy mean return >= {TARGET} after <= {args.hands} hands: {verdict}")
 
@@ -198,6 +227,7 @@ def main() -> None:
         "rows": rows,
         "train_seconds": train_seconds,
         "hit_map": maps,
+        "exact_return": exact,
         "config": config.to_dict(),
     }
     (out / "benchmark.json").write_text(json.dumps(summary, indent=2))

@@ -333,23 +333,23 @@ PATHOLOGICAL = {
 @pytest.mark.parametrize("name", PATHOLOGICAL)
 def test_pathological_replies_fail_fast_and_cleanly(name):
     text = PATHOLOGICAL[name]
-    start = time.perf_counter()
+    start = time.process_time()  # CPU time: other jobs on a shared machine do not count
     try:
         result = blackjack().parse(text)  # tries every path: JSON, bare value, names
     except ActionParseError:
         assert name not in ("names", "many-objects", "many-bad-objects")
     else:
         assert name in ("names", "many-objects", "many-bad-objects") and result == 1
-    assert time.perf_counter() - start < 2.0
+    assert time.process_time() - start < 2.0
 
 
 @pytest.mark.parametrize("name", ["deep-lists", "deep-lists-closed", "big-number", "long-list"])
 def test_pathological_bare_values_fail_fast_and_cleanly(name):
     parser = JSONActionParser.from_space(spaces.Box(0.0, 1.0, (2,)))  # bare errors are raised
-    start = time.perf_counter()
+    start = time.process_time()
     with pytest.raises(ActionParseError):
         parser.parse(PATHOLOGICAL[name])
-    assert time.perf_counter() - start < 2.0
+    assert time.process_time() - start < 2.0
 
 
 # --- User models ----------------------------------------------------------------------------

@@ -134,10 +134,10 @@ def test_limits_are_configurable() -> None:
     ],
 )
 def test_hostile_inputs_fail_fast(expr: str) -> None:
-    start = time.perf_counter()
+    start = time.process_time()  # CPU time: other jobs on a shared machine do not count
     with pytest.raises(UnsafeExpressionError):
         evaluate_expression(expr)
-    assert time.perf_counter() - start < 0.5
+    assert time.process_time() - start < 0.5
 
 
 @pytest.mark.parametrize(
@@ -177,12 +177,12 @@ LIFTED = {"max_length": 10_000, "max_nodes": 10_000}
 
 
 def evaluate_or_refuse(expr: str, **limits: float) -> float | None:
-    start = time.perf_counter()
+    start = time.process_time()
     try:
         value = evaluate_expression(expr, **limits)
     except UnsafeExpressionError:
         value = None
-    assert time.perf_counter() - start < 0.5
+    assert time.process_time() - start < 0.5
     assert value is None or (isinstance(value, float) and math.isfinite(value))
     return value
 
