@@ -129,8 +129,9 @@ def main() -> None:
         result = evaluate(policy, eval_env, args.eval_hands, seed=EVAL_SEED, num_envs=16)
         if table is not None:
             result["exact_return"] = blackjack_exact.expected_return(lambda *s: table[s])
-            agree = [table[s] == basic_strategy(*s) for s in blackjack_exact.states()]
-            result["basic_agreement"] = float(np.mean(agree))
+            if all(isinstance(choice, str) for choice in table.values()):  # deterministic
+                agree = [table[s] == basic_strategy(*s) for s in blackjack_exact.states()]
+                result["basic_agreement"] = float(np.mean(agree))
         rows.append({"policy": name, "train_s": seconds, "ppo_hands": hands, **result})
         se = result["std_return"] / np.sqrt(result["episodes"])
         exact = f", exact {result['exact_return']:+.3f}" if table is not None else ""
@@ -146,7 +147,8 @@ def main() -> None:
         ("always stick", lambda s, rng: "stick"),
         ("basic strategy", lambda s, rng: basic_strategy(*s)),
     ]:
-        table = None if name == "random" else {s: choose(s, None) for s in states}
+        # random play's table holds P(hit) = 0.5 instead of a choice
+        table = {s: 0.5 if name == "random" else choose(s, None) for s in states}
         report(name, Scripted(choose), table=table)
 
     torch.manual_seed(args.seed)
