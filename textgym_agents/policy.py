@@ -20,6 +20,7 @@ from peft import PeftModel
 from torch import nn
 
 from textgym_agents.adapters import ValueHead, attach_lora, hidden_size_of, load_adapter
+from textgym_agents.attention import use_gqa_attention
 from textgym_agents.atomic import (
     atomic_directory,
     atomic_write_json,
@@ -50,6 +51,10 @@ class Generation:
     texts: list[str]
     # Choice decoding: every row's choices (token ids); the response is one of them.
     choice_ids: list[list[list[int]]] | None = None
+    # Choice decoding: each row's log-prob of its reply under the distribution over its
+    # choices, and the value of its prompt, as training's scoring pass computes them.
+    logps: list[float] | None = None
+    values: list[float] | None = None
 
 
 class PPOPolicy(PolicyScoring):
@@ -107,6 +112,8 @@ class PPOPolicy(PolicyScoring):
         self._choice_cache: dict[tuple[str, tuple[str, ...]], list[list[int]]] = {}
         self._grammars: GrammarCompiler | None = None  # built on first constrained generation
         self.model.eval()  # no dropout: PPO's old and new log-probs must match
+        if self.config.gqa_attention:
+            use_gqa_attention(self.model.get_base_model())
 
     @classmethod
     def from_pretrained(
@@ -267,13 +274,15 @@ class PPOPolicy(PolicyScoring):
         self, prompts: list[list[int]], choices: Sequence[Sequence[str]], greedy: bool
     ) -> Generation:
         ids = [self.choice_ids(replies) for replies in choices]
-        scores = self.score_choices(prompts, ids)
+        scores = self.score_choices(prompts, ids, values=True)
         picks = scores.sample(greedy)
         return Generation(
             prompts,
             [ids[b][k] for b, k in enumerate(picks)],
             [choices[b][k] for b, k in enumerate(picks)],
             choice_ids=ids,
+            logps=scores.chosen(picks).float().tolist(),
+            values=scores.values.float().tolist(),  # type: ignore[union-attr]
         )
 
     def _cut(self, tokens: list[int]) -> list[int]:

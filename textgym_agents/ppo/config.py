@@ -68,6 +68,18 @@ class PPOConfig:
     choice_batch_size: int = _help(
         64, "Choices: (prompt, reply) sequences per forward pass when scoring choices."
     )
+    # --- speed (each switch restores the earlier, slower behaviour for comparison) ----------
+    reuse_rollout_scores: bool = _help(
+        True,
+        "Choices: keep the log-probs and values the rollout computed (same weights, same "
+        "computation) instead of scoring the batch again before the update; with a KL "
+        "penalty the batch is scored again (beside the reference) either way.",
+    )
+    gqa_attention: bool = _help(
+        True,
+        "On CPU, run grouped-query attention without copying key/value heads (sdpa_gqa; same "
+        "results, faster); False keeps transformers' sdpa.",
+    )
     # --- rollout ----------------------------------------------------------------------------
     num_steps: int = _help(
         8, "Env steps per env per update; a batch is num_envs * num_steps turns."

@@ -13,6 +13,7 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+import torch
 from gymnasium.vector import AutoresetMode, VectorEnv
 
 from textgym.spaces import ChatMessages
@@ -147,6 +148,9 @@ class RolloutCollector:
                     invalid=bool(_info_at(infos, "invalid", i) or False),
                     choice_ids=generation.choice_ids[k] if generation.choice_ids else None,
                 )
+                if getattr(generation, "logps", None) is not None:  # scored by the rollout
+                    turn.old_logps = torch.tensor([generation.logps[k]])
+                    turn.value = float(generation.values[k])
                 if turn.truncated:
                     final = observations[i]
                     if self.mode == AutoresetMode.SAME_STEP:

@@ -229,21 +229,26 @@ class PPOTrainer:
     @torch.no_grad()
     def _score(self, turns: list[Turn], order: np.ndarray) -> None:
         policy = self.policy
+        # Turns the rollout scored (choices, same weights) keep their log-probs and values,
+        # unless a KL penalty needs the reference pass: then both come from one layout, so the
+        # KL before any update is exactly 0.
+        rescore = not self.config.reuse_rollout_scores or self._uses_kl
         for minibatch in self._batches(order, turns):
             for micro in minibatch:
-                prompts = [turns[i].prompt_ids for i in micro]
-                responses = [turns[i].response_ids for i in micro]
-                choices = [turns[i].choice_ids for i in micro]
-                scores = policy.score(prompts, responses, choices=choices, values=True)
+                todo = [i for i in micro if rescore or turns[i].old_logps is None]
+                if todo:
+                    scores = policy.score(**self._inputs(turns, todo), values=True)
+                    for row, i in enumerate(todo):
+                        turns[i].old_logps = scores.logps[row, : turns[i].scored_tokens].cpu()
+                        turns[i].value = float(scores.values[row])
                 # Without a KL penalty the reference is never used: skip its forward pass.
-                ref = scores
-                if self._uses_kl:
-                    ref = policy.score(prompts, responses, choices=choices, adapter=False)
+                if not self._uses_kl:
+                    for i in micro:
+                        turns[i].ref_logps = turns[i].old_logps
+                    continue
+                ref = policy.score(**self._inputs(turns, micro), adapter=False)
                 for row, i in enumerate(micro):
-                    n = turns[i].scored_tokens
-                    turns[i].old_logps = scores.logps[row, :n].cpu()
-                    turns[i].ref_logps = ref.logps[row, :n].cpu()
-                    turns[i].value = float(scores.values[row])
+                    turns[i].ref_logps = ref.logps[row, : turns[i].scored_tokens].cpu()
         pending = [t for t in turns if t.bootstrap_ids is not None]
         size = self.config.micro_batch_size
         for start in range(0, len(pending), size):
@@ -251,6 +256,15 @@ class PPOTrainer:
             values = policy.prompt_values([t.bootstrap_ids for t in chunk])
             for turn, value in zip(chunk, values.tolist(), strict=True):
                 turn.bootstrap_value = value
+
+    @staticmethod
+    def _inputs(turns: list[Turn], rows: list[int]) -> dict[str, Any]:
+        """What :meth:`PPOPolicy.score` needs to score the turns ``rows``."""
+        return {
+            "prompts": [turns[i].prompt_ids for i in rows],
+            "responses": [turns[i].response_ids for i in rows],
+            "choices": [turns[i].choice_ids for i in rows],
+        }
 
     @property
     def _uses_kl(self) -> bool:

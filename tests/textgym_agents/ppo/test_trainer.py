@@ -216,3 +216,59 @@ def test_policy_learns_to_prefer_paying_reply():
     assert history[-1][1] > 0.9, history
     assert history[-1][0] > 0.8, history
     assert history[0][0] < 0.5  # it did not start out knowing
+
+
+def choice_policy(**overrides):
+    model, tokenizer = tiny_model()
+    return PPOPolicy(model, tokenizer, config=small_config(decoding="choices", **overrides))
+
+
+def first_ratio_logps(policy, monkeypatch):
+    calls = []
+    original = core.policy_loss
+
+    def spy(per_token_logps, old_per_token_logps, *args, **kwargs):
+        calls.append((per_token_logps.detach().clone(), old_per_token_logps.clone(), args[1]))
+        return original(per_token_logps, old_per_token_logps, *args, **kwargs)
+
+    monkeypatch.setattr(core, "policy_loss", spy)
+    trainer = PPOTrainer(policy, gym.make_vec("textgym/Blackjack-v1", num_envs=4))
+    trainer.update(trainer.collect())
+    new, old, mask = calls[0]
+    assert mask.sum() > 0
+    return new * mask, old * mask
+
+
+def test_choices_reuse_rollout_scores_first_ratio_is_one(monkeypatch):
+    new, old = first_ratio_logps(choice_policy(), monkeypatch)
+    # The rollout batch differs from the training micro-batch (other rows, other shared
+    # prefix), so the same computation agrees to float32 rounding, not bit for bit.
+    torch.testing.assert_close(new, old, atol=1e-5, rtol=0)
+
+
+def test_choices_rescored_first_ratio_is_exactly_one(monkeypatch):
+    new, old = first_ratio_logps(choice_policy(reuse_rollout_scores=False), monkeypatch)
+    assert torch.equal(new, old)
+
+
+@pytest.mark.parametrize("reuse", [True, False])
+def test_choices_scoring_pass_runs_only_when_asked(reuse, monkeypatch):
+    policy = choice_policy(reuse_rollout_scores=reuse, kl_coef=0.0)
+    trainer = PPOTrainer(policy, gym.make_vec("textgym/Blackjack-v1", num_envs=4))
+    buffer = trainer.collect()
+    rollout = [(t.old_logps.clone(), t.value) for t in buffer.turns()]
+    calls = []
+    original = policy.score
+
+    def counting(*args, **kwargs):
+        calls.append(kwargs.get("with_entropy", False))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(policy, "score", counting)
+    turns = buffer.turns()
+    trainer._score(turns, np.arange(len(turns)))
+    assert len(calls) == (0 if reuse else math.ceil(len(turns) / 4))
+    for turn, (logps, value) in zip(turns, rollout, strict=True):
+        torch.testing.assert_close(turn.old_logps, logps, atol=1e-5, rtol=0)
+        assert turn.value == pytest.approx(value, abs=1e-5)
+        assert turn.ref_logps is turn.old_logps  # no KL penalty: the reference is not scored
