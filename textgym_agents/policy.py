@@ -20,13 +20,13 @@ from peft import PeftModel
 from torch import nn
 
 from textgym_agents.adapters import ValueHead, attach_lora, hidden_size_of, load_adapter
-from textgym_agents.attention import use_gqa_attention
 from textgym_agents.atomic import (
     atomic_directory,
     atomic_write_json,
     load_tensors,
     save_tensors,
 )
+from textgym_agents.attention import use_gqa_attention
 from textgym_agents.choices import choice_token_ids
 from textgym_agents.constrained import GrammarCompiler, decoding_mode
 from textgym_agents.models import load_model
