@@ -22,6 +22,8 @@ import torch
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+    from textgym_agents.precision import Precision
+
 logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
@@ -86,31 +88,49 @@ def resolve_device(device: str | torch.device | None = None) -> torch.device:
     return resolved
 
 
-def resolve_dtype(
+def resolve_precision(
     dtype: str | torch.dtype | None = None, device: str | torch.device | None = None
-) -> torch.dtype:
-    """Turn a dtype spec into a `torch.dtype`.
+) -> Precision:
+    """Turn a dtype spec into a :class:`~textgym_agents.precision.Precision` (dtype + reason).
 
-    None or ``"auto"`` gives float32 on CPU (bf16 matmuls are slow there), bfloat16 on CUDA
-    devices that support it, float16 on older CUDA devices, and float32 anywhere else.
+    None or ``"auto"`` picks per machine (:func:`~textgym_agents.precision.choose_precision`):
+    bfloat16 on CUDA devices that support it and on CPUs whose measured bf16 matmuls are
+    clearly faster than fp32, float32 anywhere else. A named dtype is taken as given.
 
     Example:
-        >>> resolve_dtype(None, "cpu"), resolve_dtype("bf16", "cpu")
-        (torch.float32, torch.bfloat16)
+        >>> resolve_precision("bf16", "cpu").reason
+        'requested bfloat16'
     """
     if dtype is None or dtype == "auto":
-        resolved_device = resolve_device(device)
-        if resolved_device.type != "cuda":
-            return torch.float32
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        from textgym_agents.precision import choose_precision
+
+        return choose_precision(resolve_device(device))
     if isinstance(dtype, torch.dtype):
         if dtype not in _DTYPES.values():
             raise ValueError(f"Expected dtype float32, bfloat16 or float16, got {dtype}")
-        return dtype
-    if isinstance(dtype, str) and dtype.lower() in _DTYPES:
-        return _DTYPES[dtype.lower()]
-    names = ", ".join(repr(name) for name in ["auto", *_DTYPES])
-    raise ValueError(f"Expected dtype to be a torch.dtype or one of {names}; got {dtype!r}")
+        resolved = dtype
+    elif isinstance(dtype, str) and dtype.lower() in _DTYPES:
+        resolved = _DTYPES[dtype.lower()]
+    else:
+        names = ", ".join(repr(name) for name in ["auto", *_DTYPES])
+        raise ValueError(f"Expected dtype to be a torch.dtype or one of {names}; got {dtype!r}")
+    from textgym_agents.precision import Precision
+
+    return Precision(resolved, f"requested {str(resolved).removeprefix('torch.')}")
+
+
+def resolve_dtype(
+    dtype: str | torch.dtype | None = None, device: str | torch.device | None = None
+) -> torch.dtype:
+    """Turn a dtype spec into a `torch.dtype` (see :func:`resolve_precision`).
+
+    Example:
+        >>> resolve_dtype("bf16", "cpu"), resolve_dtype("fp32", "cpu")
+        (torch.bfloat16, torch.float32)
+        >>> resolve_dtype("auto", "cpu") in (torch.float32, torch.bfloat16)
+        True
+    """
+    return resolve_precision(dtype, device).dtype
 
 
 def cache_dir() -> Path:
@@ -270,7 +290,7 @@ def load_model(
             file; a directory (with ``gguf_file`` naming a GGUF file in it, or saved with
             ``save_pretrained``); or a Hugging Face id already in the local HF cache.
         gguf_file: Name of a GGUF file inside the ``name_or_path`` directory.
-        dtype: See `resolve_dtype`; None means float32 on CPU.
+        dtype: See `resolve_precision`; None or ``"auto"`` chooses per machine.
         device: See `resolve_device`; None means CUDA when available.
         use_cache: For the embedded model only: reuse (or build, on first use) a float32
             safetensors copy under ``cache_dir()/models`` instead of dequantising the GGUF

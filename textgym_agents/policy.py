@@ -29,7 +29,7 @@ from textgym_agents.atomic import (
 from textgym_agents.attention import use_gqa_attention
 from textgym_agents.choices import choice_token_ids
 from textgym_agents.constrained import GrammarCompiler, decoding_mode
-from textgym_agents.models import load_model
+from textgym_agents.models import load_model, resolve_precision
 from textgym_agents.ppo.config import PPOConfig
 from textgym_agents.prefix import generation_inputs
 from textgym_agents.scoring import PolicyScoring, Scores
@@ -101,7 +101,8 @@ class PPOPolicy(PolicyScoring):
             tokenizer.pad_token = tokenizer.eos_token
         tokenizer.padding_side = "left"
         parameter = next(self.model.parameters())
-        self.value_head = value_head or ValueHead(hidden_size_of(self.model), dtype=parameter.dtype)
+        # fp32 whatever the model's dtype (it casts hidden states): a trainable master weight.
+        self.value_head = value_head or ValueHead(hidden_size_of(self.model))
         self.value_head.to(parameter.device)
         # How save() records the base model: given by from_pretrained/load, else the path the
         # model was loaded from (transformers keeps it in config._name_or_path).
@@ -132,16 +133,21 @@ class PPOPolicy(PolicyScoring):
             name_or_path: None for the embedded model, a local directory, a Hugging Face id
                 (from the local cache; nothing is downloaded here) or a ``.gguf`` path.
             gguf_file: GGUF file inside ``name_or_path``.
-            dtype: Model dtype (default float32 on CPU).
+            dtype: Compute dtype of the frozen base model; None or ``"auto"`` picks bf16
+                where this machine runs it fast, else float32 (recorded in ``base_info``).
             device: Device (default CUDA when present, else CPU).
             lora: LoRA settings (a ``peft.LoraConfig`` or a dict of overrides).
             config: Generation and training settings.
         """
-        model, tokenizer = load_model(name_or_path, gguf_file=gguf_file, dtype=dtype, device=device)
+        precision = resolve_precision(dtype, device)
+        model, tokenizer = load_model(
+            name_or_path, gguf_file=gguf_file, dtype=precision.dtype, device=device
+        )
         info = {
             "name_or_path": name_or_path or "embedded",
             "gguf_file": gguf_file,
-            "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+            "dtype": precision.name,
+            "precision": precision.to_dict(),
         }
         return cls(model, tokenizer, config=config, lora=lora, base_info=info)
 
@@ -374,9 +380,10 @@ class PPOPolicy(PolicyScoring):
             device=device,
         )
         peft_model = load_adapter(model, path / ADAPTER_DIR)
-        parameter = next(peft_model.parameters())
-        value_head = ValueHead(hidden_size_of(peft_model), dtype=parameter.dtype)
-        value_head.load_state_dict(load_tensors(path / VALUE_HEAD_FILE))
+        value_head = ValueHead(hidden_size_of(peft_model))
+        value_head.load_state_dict(
+            {k: v.float() for k, v in load_tensors(path / VALUE_HEAD_FILE).items()}
+        )
         config = PPOConfig.from_dict(info.get("config", {}))
         return cls(peft_model, tokenizer, value_head, config=config, base_info=base)
 

@@ -106,9 +106,16 @@ def test_resolve_dtype_names_and_dtypes(name, expected):
 
 
 @pytest.mark.parametrize("auto", [None, "auto"])
-def test_resolve_dtype_auto_is_float32_on_cpu(auto):
-    assert resolve_dtype(auto, "cpu") is torch.float32
-    assert resolve_dtype(auto, torch.device("cpu")) is torch.float32
+@pytest.mark.parametrize(
+    ("measured", "expected"), [((100, 50), torch.float32), ((100, 230), torch.bfloat16)]
+)
+def test_resolve_dtype_auto_on_cpu_follows_the_measured_matmul_speed(
+    auto, measured, expected, monkeypatch
+):
+    # The choice is the measurement's (textgym_agents.precision), never a hard-coded dtype.
+    monkeypatch.setattr("textgym_agents.precision._measure_cpu", lambda: measured)
+    assert resolve_dtype(auto, "cpu") is expected
+    assert resolve_dtype(auto, torch.device("cpu")) is expected
 
 
 def test_resolve_dtype_rejects_unknown_names():
@@ -308,7 +315,7 @@ def test_load_model_dispatches_gguf_files(fake_gguf, tmp_path):
     load_model(tmp_path / "m.gguf", device="cpu")
     load_model(str(tmp_path), gguf_file="m.gguf", device="cpu")
     assert fake_gguf == [(tmp_path, "m.gguf")] * 2
-    assert not (tmp_path / "cache").exists()  # only the embedded model is cached
+    assert not (tmp_path / "cache" / "models").exists()  # only the embedded model is cached
 
 
 def test_embedded_cache_is_built_once_then_reused(fake_gguf, tmp_path):
@@ -342,8 +349,9 @@ def test_embedded_adapter_names_the_cached_copy(fake_gguf, tmp_path, cold):
 
 
 def test_embedded_use_cache_false_skips_the_cache(fake_gguf, tmp_path):
-    load_model(device="cpu", use_cache=False)
-    load_model(device="cpu", use_cache=False)
+    # An explicit dtype: "auto" would cache its CPU measurement (textgym_agents.precision).
+    load_model(device="cpu", use_cache=False, dtype="fp32")
+    load_model(device="cpu", use_cache=False, dtype="fp32")
     assert len(fake_gguf) == 2
     assert not (tmp_path / "cache").exists()
 

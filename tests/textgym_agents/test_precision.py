@@ -1,0 +1,106 @@
+import json
+
+import gymnasium as gym
+import pytest
+import torch
+
+import textgym  # noqa: F401
+from textgym_agents import PPOConfig, PPOPolicy, PPOTrainer
+from textgym_agents.ppo import core
+from textgym_agents.precision import (
+    BF16_MIN_SPEEDUP,
+    Precision,
+    choose_precision,
+    cpu_signature,
+    matmul_gflops,
+)
+from textgym_agents.testing import tiny_model
+
+
+@pytest.fixture
+def cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("TEXTGYM_CACHE", str(tmp_path))
+    return tmp_path / "precision.json"
+
+
+def test_cpu_choice_is_measured_once_and_cached(cache, monkeypatch):
+    calls = []
+
+    def fake(dtype, **kwargs):
+        calls.append(dtype)
+        return {torch.float32: 100.0, torch.bfloat16: 40.0}[dtype]
+
+    monkeypatch.setattr("textgym_agents.precision.matmul_gflops", fake)
+    first = choose_precision(torch.device("cpu"))
+    second = choose_precision(torch.device("cpu"))
+    assert first == second
+    assert first.dtype is torch.float32
+    assert calls == [torch.float32, torch.bfloat16]  # the second call read the cache
+    assert json.loads(cache.read_text()) == {cpu_signature(): {"fp32": 100.0, "bf16": 40.0}}
+    assert first.reason == (
+        "auto: bf16 matmul 40 vs fp32 100 GFLOP/s on this CPU (0.40x; bf16 needs >= 1.25x)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("bf16", "expected"),
+    [(100 * BF16_MIN_SPEEDUP, torch.bfloat16), (100 * BF16_MIN_SPEEDUP - 1, torch.float32)],
+)
+def test_cpu_threshold(bf16, expected, cache, monkeypatch):
+    monkeypatch.setattr("textgym_agents.precision._measure_cpu", lambda: (100.0, bf16))
+    assert choose_precision(torch.device("cpu")).dtype is expected
+
+
+def test_a_damaged_cache_is_measured_again(cache):
+    cache.write_text("{not json")
+    choice = choose_precision(torch.device("cpu"))
+    assert choice.fp32_gflops > 0 and choice.bf16_gflops > 0
+    assert cpu_signature() in json.loads(cache.read_text())
+
+
+def test_matmul_gflops_is_positive_for_both_dtypes():
+    assert matmul_gflops(torch.float32, seconds=0.01) > 0
+    assert matmul_gflops(torch.bfloat16, seconds=0.01) > 0
+
+
+def test_precision_record_is_json():
+    record = Precision(torch.bfloat16, "requested bfloat16").to_dict()
+    assert json.loads(json.dumps(record))["dtype"] == "bfloat16"
+
+
+def bf16_policy(**overrides):
+    model, tokenizer = tiny_model(dtype=torch.bfloat16)
+    config = dict(num_steps=2, minibatch_size=8, micro_batch_size=4, kl_coef=0.0, seed=0)
+    return PPOPolicy(model, tokenizer, config=PPOConfig(**{**config, **overrides}))
+
+
+def test_bf16_model_keeps_trainable_weights_in_fp32():
+    policy = bf16_policy()
+    lora, head = policy.trainable_parameters()
+    assert lora and all(p.dtype is torch.float32 for p in lora)
+    assert all(p.dtype is torch.float32 for p in head)
+    frozen = [p for p in policy.model.parameters() if not p.requires_grad]
+    assert frozen and all(p.dtype is torch.bfloat16 for p in frozen)
+
+
+@pytest.mark.parametrize(
+    ("decoding", "reuse", "atol"),
+    [("free", True, 0.0), ("choices", False, 0.0), ("choices", True, 0.05)],
+)
+def test_bf16_first_ratio_is_one(decoding, reuse, atol, monkeypatch):
+    """Old and new log-probs in bf16: exact from one layout; reused rollout scores within 0.05."""
+    calls = []
+    original = core.policy_loss
+
+    def spy(per_token_logps, old_per_token_logps, *args, **kwargs):
+        calls.append((per_token_logps.detach().clone(), old_per_token_logps.clone(), args[1]))
+        return original(per_token_logps, old_per_token_logps, *args, **kwargs)
+
+    monkeypatch.setattr(core, "policy_loss", spy)
+    policy = bf16_policy(decoding=decoding, reuse_rollout_scores=reuse, max_new_tokens=4)
+    trainer = PPOTrainer(policy, gym.make_vec("textgym/Blackjack-v1", num_envs=4))
+    metrics = trainer.update(trainer.collect())
+    new, old, mask = calls[0]
+    assert new.dtype is torch.float32 and mask.sum() > 0
+    torch.testing.assert_close(new * mask, old * mask, atol=atol, rtol=0)
+    assert metrics["policy/ratio_mean"] == pytest.approx(1.0, abs=0.1)
