@@ -66,10 +66,9 @@ def _commands(selected: str | None) -> list[Command]:
         return [builtin[selected]]
     if selected in plugins:
         return [load_command(plugins[selected])]
-    if selected is not None and not selected.startswith("-"):
-        hint = missing_command_hint(selected)
-        if hint is not None:
-            raise CLIError(hint)
+    hint = missing_command_hint(selected) if selected is not None else None
+    if hint is not None:
+        raise CLIError(hint)
     listed = list(builtin.values())
     for name, entry_point in plugins.items():
         try:
