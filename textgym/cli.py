@@ -1,48 +1,38 @@
-"""The ``textgym`` command: list and play text envs, train, evaluate and plot LLM agents.
+"""The ``textgym`` command: list and play text envs, record datasets; plugins add the rest.
 
     textgym envs                                  # registered text envs and their replies
     textgym play textgym/Blackjack-v1             # play as the model would, from the terminal
-    textgym train textgym/Blackjack-v1            # PPO with LoRA; writes runs/<env>-<time>/
-    textgym eval runs/Blackjack-v1-20250101-120000
-    textgym plot runs/a runs/b --output curves.png
+    textgym record textgym/Blackjack-v1 --expert mylab.experts:basic_strategy --output data/bj
+    textgym train textgym/Blackjack-v1            # from the agents extra (a plugin)
 
-``envs`` and ``play`` need only the core package; ``train``, ``eval``, ``plot`` and
-``play --policy`` import :mod:`textgym_agents` (``pip install 'textgym[agents]'``).
-Exit codes: 0 success, 1 failure (one line on stderr), 2 usage error, 130 interrupted,
-143 terminated (SIGTERM).
+``envs``, ``play`` and ``record`` are built in and need only the core package. Other commands
+(``train``, ``eval``, ``plot``, ``sft`` of ``pip install 'textgym[agents]'``) are
+:class:`~textgym.plugins.Command` plugins found through the ``textgym.commands`` entry points;
+this module never imports them by name. Exit codes: 0 success, 1 failure (one line on stderr),
+2 usage error, 130 interrupted, 143 terminated (SIGTERM).
 """
 
 from __future__ import annotations
 
 import argparse
 import difflib
-import json
 import sys
-import time
 from collections.abc import Sequence
-from typing import Any
+from importlib.metadata import EntryPoint
 
-from textgym import cli_data, cli_eval, cli_train
-from textgym.cli_common import (
-    DEFAULT_ENV,
-    CLIError,
-    UsageError,
-    add_command,
-    add_env_arg,
-    make_env,
-    one_line,
-    parse_env_args,
-    positive_int,
-    read_run_info,
-    reply_choices,
-    text_wrapper,
-)
+from textgym.cli_common import CLIError, UsageError, add_command, one_line
+from textgym.cli_play import ENVS, PLAY
+from textgym.cli_record import RECORD
+from textgym.plugins import Command, command_entry_points, load_command, missing_command_hint
 
-__all__ = ["main"]
+__all__ = ["BUILTIN_COMMANDS", "build_parser", "main"]
+
+BUILTIN_COMMANDS: tuple[Command, ...] = (ENVS, PLAY, RECORD)
+"""The commands of the core package; plugins cannot replace them."""
 
 EPILOG = """\
-commands need only the core package except train, eval, plot, sft and play/record --policy,
-which need the agents extra (pip install 'textgym[agents]'); record needs datasets.
+envs, play and record need only the core package (record needs datasets); train, eval, plot
+and sft, and play/record --policy, come with the agents extra (pip install 'textgym[agents]').
 
 examples:
   textgym envs
@@ -59,27 +49,56 @@ exit codes: 0 ok, 1 failure (one line on stderr; --debug shows the traceback),
 2 usage error, 130 interrupted (Ctrl-C), 143 terminated (SIGTERM); a training run saves a
 checkpoint first.
 """
-ENVS_EPILOG = """\
-examples:
-  textgym envs
-  textgym envs textgym/Taxi-v4 --verbose     # the full system prompt and first observation
-  textgym envs --json
-"""
-PLAY_EPILOG = """\
-You see exactly what the model sees: the system prompt, each observation, the errors of
-invalid replies. Type the reply (a line ending in \\ continues on the next line) or, where
-the env lists its valid replies, the number of one. End of input (Ctrl-D) stops.
 
-examples:
-  textgym play textgym/Blackjack-v1
-  textgym play textgym/FrozenLake-v1 -e is_slippery=false --episodes 3
-  textgym play textgym/Blackjack-v1 --policy runs/bj --episodes 5 --delay 1
-  echo '{"action": "stick"}' | textgym play textgym/Blackjack-v1
-"""
+
+def _commands(selected: str | None) -> list[Command]:
+    """The commands to put in the parser: only ``selected`` when it is known, else all.
+
+    Loading a plugin imports its module, so a known command loads no other plugin; listing
+    them all (``textgym --help``, an unknown command) loads every plugin, and one that fails
+    to import is listed with the reason instead of breaking the listing.
+    """
+    builtin = {command.name: command for command in BUILTIN_COMMANDS}
+    plugins: dict[str, EntryPoint] = {
+        name: ep for name, ep in command_entry_points().items() if name not in builtin
+    }
+    if selected in builtin:
+        return [builtin[selected]]
+    if selected in plugins:
+        return [load_command(plugins[selected])]
+    hint = missing_command_hint(selected) if selected is not None else None
+    if hint is not None:
+        raise CLIError(hint)
+    listed = list(builtin.values())
+    for name, entry_point in plugins.items():
+        try:
+            listed.append(load_command(entry_point))
+        except CLIError as e:
+            listed.append(_Unavailable(name, one_line(e)))
+    return listed
+
+
+class _Unavailable:
+    """A plugin command that failed to load, listed in ``--help`` with the reason."""
+
+    def __init__(self, name: str, reason: str) -> None:
+        self.name, self.help, self.reason = name, f"(unavailable: {reason})", reason
+
+    def configure(self, parser: argparse.ArgumentParser) -> None:
+        """Nothing to add: the command cannot run."""
+
+    def run(self, args: argparse.Namespace) -> int:
+        """Fail with the reason it could not be loaded."""
+        raise CLIError(self.reason)
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    """The ``textgym`` parser; the PPOConfig flags of ``train`` only when ``command`` is train."""
+    """The ``textgym`` parser; with a known ``command``, only that command is set up.
+
+    Raises:
+        CLIError: ``command`` is a plugin that cannot be loaded, or one a missing extra
+            provides (the message says what to install).
+    """
     common = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     common.add_argument("--debug", action="store_true", help="show tracebacks of errors")
     parser = argparse.ArgumentParser(
@@ -90,44 +109,13 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         parents=[common],
         allow_abbrev=False,  # an abbreviation could turn ambiguous when a setting is added
     )
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    envs = add_command(
-        commands,
-        "envs",
-        common,
-        help="list the registered text envs and the replies they take",
-        description="List the registered text envs with their action schemas.",
-        epilog=ENVS_EPILOG,
-    )
-    envs.add_argument("ids", nargs="*", metavar="ENV_ID", help="envs to show (default: all)")
-    envs.add_argument("-v", "--verbose", action="store_true", help="show the full prompt")
-    envs.add_argument("--json", action="store_true", help="print JSON")
-    envs.set_defaults(run=run_envs, parser=envs)
-
-    play = add_command(
-        commands,
-        "play",
-        common,
-        help="play a text env in the terminal, as the model sees it",
-        description="Play a text env in the terminal, or watch a trained policy play it.",
-        epilog=PLAY_EPILOG,
-    )
-    play.add_argument(
-        "env", nargs="?", metavar="ENV_ID", help=f"default: the --policy run's, else {DEFAULT_ENV}"
-    )
-    play.add_argument("--episodes", type=positive_int, default=1, help="episodes (default: 1)")
-    play.add_argument("--seed", type=int, default=None, help="seed of the first episode")
-    play.add_argument(
-        "--policy", metavar="RUN_DIR|MODEL", help="let this run, policy or model play"
-    )
-    play.add_argument("--sample", action="store_true", help="the policy samples (not greedy)")
-    play.add_argument("--delay", type=float, default=0.0, help="seconds between policy turns")
-    add_env_arg(play)
-    play.set_defaults(run=run_play, parser=play)
-
-    cli_train.add_parser(commands, common, train_flags=command == "train")
-    cli_eval.add_parsers(commands, common)
-    cli_data.add_parsers(commands, common)
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    listed = _commands(command)
+    for each in listed:
+        sub = add_command(subparsers, each.name, common, help=each.help)
+        if each.name == command:  # set up only what runs: a plugin's configure may import torch
+            each.configure(sub)
+        sub.set_defaults(run=each.run, parser=sub)
     return parser
 
 
@@ -183,137 +171,6 @@ def _fail(command: str | None, error: Exception, debug: bool) -> int:
     hint = "" if isinstance(error, CLIError) else " (--debug shows the traceback)"
     print(f"textgym {command or ''}: error: {one_line(error)}{hint}", file=sys.stderr)
     return 1
-
-
-# --- envs ------------------------------------------------------------------------------------
-
-
-def _describe_env(env_id: str, verbose: bool) -> dict[str, Any]:
-    env = make_env(env_id)
-    try:
-        wrapper = text_wrapper(env)
-        base = env.spec.kwargs.get("env_id") if env.spec is not None else None
-        row: dict[str, Any] = {
-            "id": env_id,
-            "base": base if isinstance(base, str) else type(env.unwrapped).__name__,
-            "max_episode_steps": env.spec.max_episode_steps if env.spec else None,
-            "reply_choices": reply_choices(env),
-            "instructions": wrapper.parser.instructions() if wrapper is not None else "",
-        }
-        if verbose:
-            messages, _ = env.reset(seed=0)
-            row["messages"] = messages
-        return row
-    finally:
-        env.close()
-
-
-def run_envs(args: argparse.Namespace) -> int:
-    """``textgym envs``: each registered text env with the replies it accepts."""
-    from textgym.registration import registered_ids
-
-    rows = [_describe_env(env_id, args.verbose) for env_id in args.ids or registered_ids()]
-    if args.json:
-        print(json.dumps(rows, indent=2, ensure_ascii=False))
-        return 0
-    for row in rows:
-        limit = f", at most {row['max_episode_steps']} turns" if row["max_episode_steps"] else ""
-        print(f"{row['id']}  ({row['base']}{limit})")
-        if row["reply_choices"] and not args.verbose:
-            print("  replies: " + " | ".join(row["reply_choices"]))
-        elif not args.verbose:
-            print(_indent("free text: " + row["instructions"], "  ", "    "))
-        for message in row.get("messages", []):
-            print(_indent(message["content"], f"  [{message['role']}] ", "    "))
-        if args.verbose:
-            print()
-    if not args.ids:
-        print(f"\n{len(rows)} text envs. Prompt: textgym envs ID -v. Play one: textgym play ID")
-    return 0
-
-
-def _indent(text: str, first: str, rest: str) -> str:
-    lines = text.splitlines() or [""]
-    return "\n".join([first + lines[0], *(rest + line for line in lines[1:])])
-
-
-# --- play ------------------------------------------------------------------------------------
-
-
-def _read_reply(choices: list[str] | None) -> str | None:
-    """A reply typed by the person (a number picks a listed reply); None at end of input."""
-    try:
-        line = input("[assistant] > ")
-        while line.endswith("\\"):
-            line = line[:-1] + "\n" + input("... ")
-    except EOFError:
-        print()
-        return None
-    if choices and line.strip().isdigit() and 1 <= int(line) <= len(choices):
-        line = choices[int(line) - 1]
-        print(line)
-    elif not sys.stdin.isatty():
-        print(line)  # echo piped input so the transcript reads like a conversation
-    return line
-
-
-def _show(message: dict[str, str], note: str = "") -> None:
-    print(f"\n[{message['role']}]{note}\n{message['content']}")
-
-
-def run_play(args: argparse.Namespace) -> int:
-    """``textgym play``: a person (or ``--policy``) plays the text env in the terminal."""
-    info = read_run_info(args.policy) if args.policy else {}
-    env_id = args.env or info.get("env") or DEFAULT_ENV
-    env_args = dict(info.get("env_args", {})) if env_id == info.get("env") else {}
-    env_args.update(parse_env_args(args.env_arg))
-    env = make_env(env_id, env_args)
-    choices = reply_choices(env)
-    policy = None
-    if args.policy:
-        from textgym.cli_eval import load_policy
-
-        policy, label = load_policy(args.policy, choices)
-        print(f"{label} plays {env_id}", flush=True)
-    returns = []
-    for episode in range(args.episodes):
-        seed = None if args.seed is None else args.seed + episode
-        messages, _ = env.reset(seed=seed)
-        print(f"\n=== episode {episode + 1} of {args.episodes} ===")
-        for message in messages:
-            _show(message)
-        if choices and policy is None:
-            listed = "  ".join(f"{i}) {c}" for i, c in enumerate(choices, 1))
-            print(f"\n(type a reply, or the number of a valid one: {listed})")
-        total, done = 0.0, False
-        while not done:
-            if policy is None:
-                print()
-                reply = _read_reply(choices)
-                if reply is None:
-                    print("(end of input)")
-                    return 0
-            else:
-                time.sleep(args.delay)
-                kwargs = {"choices": choices} if policy.wants_choices else {}
-                if getattr(policy, "wants_schemas", False):
-                    kwargs["schemas"] = env.get_wrapper_attr("reply_schema")()
-                reply = policy.act(messages, greedy=not args.sample, **kwargs)
-                _show({"role": "assistant", "content": reply})
-            messages, reward, terminated, truncated, step_info = env.step(reply)
-            total += float(reward)
-            invalid = ", invalid reply" if step_info.get("invalid") else ""
-            print(f"(reward {float(reward):+g}, return {total:+g}{invalid})")
-            done = terminated or truncated
-            note = " (the final observation; the model does not reply to it)" if done else ""
-            _show(messages[-1], note)
-        end = "terminated" if terminated else "truncated"
-        print(f"\n(episode {episode + 1} over, {end}: return {total:+g})")
-        returns.append(total)
-    if len(returns) > 1:
-        print(f"(mean return over {len(returns)} episodes: {sum(returns) / len(returns):+.3f})")
-    env.close()
-    return 0
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
-"""Pieces shared by the ``textgym`` commands: errors, env building, the lazy agents import.
+"""Pieces shared by the ``textgym`` commands and their plugins: errors, argument types, envs.
 
-Nothing here imports the training stack; :func:`import_agents` does, when a command needs it.
+Plugin commands (:mod:`textgym.plugins`) use these too, so every command fails the same way.
 """
 
 from __future__ import annotations
@@ -26,19 +26,17 @@ __all__ = [
     "add_command",
     "add_env_arg",
     "count",
-    "import_agents",
     "make_env",
     "one_line",
     "parse_env_args",
     "positive_int",
-    "read_run_info",
     "reply_choices",
     "text_wrapper",
     "write_run_info",
 ]
 
 DEFAULT_ENV = "textgym/Blackjack-v1"
-RUN_INFO_FILE = "cli.json"  # what `textgym train` was asked for, so --resume and eval reuse it
+RUN_INFO_FILE = "cli.json"  # what a command was asked for (env, its args), so others reuse it
 
 
 class CLIError(Exception):
@@ -47,24 +45,6 @@ class CLIError(Exception):
 
 class UsageError(CLIError):
     """A bad option value found after parsing (exit code 2, like argparse's own errors)."""
-
-
-def import_agents() -> Any:
-    """Import :mod:`textgym_agents` (torch, transformers, peft) or explain how to install it."""
-    # Nothing is downloaded: a model name must be a local path or already in the HF cache
-    # (HF_HUB_OFFLINE=0 in the environment allows downloads). The command prints its own
-    # progress, so the libraries' loading bars and deprecation notices are left out.
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    try:
-        import textgym_agents
-    except ImportError as e:
-        raise CLIError(
-            f"this command needs the training stack, which could not be imported ({e}); "
-            "install it with: pip install 'textgym[agents]'"
-        ) from e
-    return textgym_agents
 
 
 def count(text: str) -> int:
@@ -158,25 +138,6 @@ def reply_choices(env: gym.Env[Any, Any]) -> list[str] | None:
     wrapper = text_wrapper(env)
     choices = wrapper.reply_choices() if wrapper is not None else None
     return list(choices) if choices else None
-
-
-def read_run_info(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The ``cli.json`` of the run that ``path`` (a run, policy or checkpoint dir) belongs to."""
-    path = Path(path)
-    candidates = [path]
-    if path.name == "final":
-        candidates.append(path.parent)
-    elif path.parent.name == "checkpoints":
-        candidates.append(path.parent.parent)
-    for directory in candidates:
-        file = directory / RUN_INFO_FILE
-        if file.is_file():
-            try:
-                info = json.loads(file.read_text())
-            except ValueError:
-                return {}
-            return info if isinstance(info, dict) else {}
-    return {}
 
 
 def write_run_info(run_dir: Path, info: Mapping[str, Any]) -> None:

@@ -1,15 +1,42 @@
-"""textgym_agents: PPO with LoRA for LLM agents on any textgym environment."""
+"""textgym_agents: PPO with LoRA for LLM agents on any textgym environment.
 
-from textgym_agents.agent import Agent
-from textgym_agents.evaluation import evaluate
-from textgym_agents.policy import Generation, PPOPolicy
-from textgym_agents.ppo.buffer import RolloutBuffer, Turn
-from textgym_agents.ppo.config import PPOConfig
-from textgym_agents.ppo.run import Terminated
-from textgym_agents.ppo.tracked import EnvFault
-from textgym_agents.ppo.trainer import NonFiniteUpdateError, PPOTrainer
-from textgym_agents.sft import sft_warm_start
-from textgym_agents.trl_env import grpo_dataset, with_tool_template
+The names below are imported on first use (PEP 562), so ``textgym --help`` can load the
+``textgym_agents.cli`` plugins without importing torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from textgym_agents.agent import Agent
+    from textgym_agents.evaluation import evaluate
+    from textgym_agents.policy import Generation, PPOPolicy
+    from textgym_agents.ppo.buffer import RolloutBuffer, Turn
+    from textgym_agents.ppo.config import PPOConfig
+    from textgym_agents.ppo.run import Terminated
+    from textgym_agents.ppo.tracked import EnvFault
+    from textgym_agents.ppo.trainer import NonFiniteUpdateError, PPOTrainer
+    from textgym_agents.sft import sft_warm_start
+    from textgym_agents.trl_env import grpo_dataset, with_tool_template
+
+_EXPORTS = {
+    "Agent": "textgym_agents.agent",
+    "EnvFault": "textgym_agents.ppo.tracked",
+    "Generation": "textgym_agents.policy",
+    "NonFiniteUpdateError": "textgym_agents.ppo.trainer",
+    "PPOConfig": "textgym_agents.ppo.config",
+    "PPOPolicy": "textgym_agents.policy",
+    "PPOTrainer": "textgym_agents.ppo.trainer",
+    "RolloutBuffer": "textgym_agents.ppo.buffer",
+    "Terminated": "textgym_agents.ppo.run",
+    "Turn": "textgym_agents.ppo.buffer",
+    "evaluate": "textgym_agents.evaluation",
+    "grpo_dataset": "textgym_agents.trl_env",
+    "sft_warm_start": "textgym_agents.sft",
+    "with_tool_template": "textgym_agents.trl_env",
+}
 
 __all__ = [
     "Agent",
@@ -27,3 +54,16 @@ __all__ = [
     "sft_warm_start",
     "with_tool_template",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'textgym_agents' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # imported once; later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

@@ -1,7 +1,6 @@
 """``textgym train``: evaluate, train with a progress bar, evaluate again, summarise.
 
-The training stack is imported when the command runs (or its flags are built), so ``textgym
-envs`` and ``textgym play`` keep working with only the core package installed.
+The ``train`` entry point of ``textgym.commands``; torch is imported when the command runs.
 """
 
 from __future__ import annotations
@@ -11,7 +10,6 @@ import contextlib
 import json
 import os
 import sys
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,32 +21,40 @@ from textgym.cli_common import (
     DEFAULT_ENV,
     CLIError,
     UsageError,
-    add_command,
     add_env_arg,
     count,
-    import_agents,
     make_env,
     one_line,
     parse_env_args,
     positive_int,
-    read_run_info,
     reply_choices,
     write_run_info,
 )
-from textgym.cli_config import add_config_flags, env_defaults, flag_values, read_config_file
-from textgym.cli_eval import (
+from textgym.plugins import FunctionCommand
+from textgym_agents.cli.common import from_pretrained, import_agents
+from textgym_agents.cli.config import add_config_flags, flag_values, read_config_file
+from textgym_agents.cli.evaluate import EVAL_SEED, evaluate_policy, format_table
+from textgym_agents.cli.runs import (
+    episodes_done,
+    holds_run,
+    new_run_dir,
+    read_run_info,
+    resume_point,
+)
+from textgym_agents.ppo.defaults import (
+    DEFAULT_EPISODES,
+    DEFAULT_EVAL_EPISODES,
     DEFAULT_NUM_ENVS,
-    EVAL_SEED,
-    evaluate_policy,
-    format_table,
-    from_pretrained,
+    env_defaults,
 )
 
-__all__ = ["add_parser", "run_train"]
+__all__ = ["command", "configure", "run_train"]
 
-DEFAULT_EPISODES = 500
-DEFAULT_EVAL_EPISODES = 50
-
+USAGE = (
+    "textgym train [ENV_ID] [--model M] [--episodes N] [--num-envs N] [--output DIR]\n"
+    "                     [--config FILE] [--resume DIR] [--eval-episodes N] "
+    "[-e KEY=VALUE]\n                     [--<ppo-setting> VALUE ...]"
+)
 TRAIN_EPILOG = """\
 examples:
   textgym train                                   # Blackjack, embedded model, minutes on a CPU
@@ -65,67 +71,59 @@ per turn) with their common start as reply_prefix; others use free text.
 """
 
 
-def add_parser(subparsers: Any, common: argparse.ArgumentParser, train_flags: bool) -> None:
-    """Add ``train``; ``train_flags`` adds a flag per PPOConfig field (imports torch)."""
-    train = add_command(
-        subparsers,
-        "train",
-        common,
-        help="train a model on a text env with PPO (LoRA)",
-        usage=(
-            "textgym train [ENV_ID] [--model M] [--episodes N] [--num-envs N] [--output DIR]\n"
-            "                     [--config FILE] [--resume DIR] [--eval-episodes N] "
-            "[-e KEY=VALUE]\n                     [--<ppo-setting> VALUE ...]"
-        ),
-        description="Train a model on a text env by PPO and write a run directory.",
-        epilog=TRAIN_EPILOG,
-    )
-    train.add_argument(
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Add the options of ``textgym train`` and a flag per :class:`PPOConfig` field."""
+    parser.description = "Train a model on a text env by PPO and write a run directory."
+    parser.epilog = TRAIN_EPILOG
+    parser.usage = USAGE
+    parser.add_argument(
         "env", nargs="?", metavar="ENV_ID", help=f"text env (default: {DEFAULT_ENV})"
     )
-    train.add_argument(
+    parser.add_argument(
         "--model", help="model directory, .gguf file or cached HF id (default: embedded)"
     )
-    train.add_argument(
+    parser.add_argument(
         "--episodes",
         type=positive_int,
         help=f"episodes to train, counting resumed ones (default: {DEFAULT_EPISODES})",
     )
-    train.add_argument(
+    parser.add_argument(
         "--num-envs",
         type=positive_int,
         help=f"envs played in parallel (default: {DEFAULT_NUM_ENVS})",
     )
-    train.add_argument("--output", metavar="DIR", help="run directory (default: runs/<env>-<time>)")
-    train.add_argument(
+    parser.add_argument(
+        "--output", metavar="DIR", help="run directory (default: runs/<env>-<time>)"
+    )
+    parser.add_argument(
         "--config", metavar="FILE", help="YAML or JSON file of settings (flags override it)"
     )
-    train.add_argument(
+    parser.add_argument(
         "--resume", metavar="DIR", help="continue the run in DIR (or from a checkpoint dir)"
     )
-    train.add_argument(
+    parser.add_argument(
         "--eval-episodes",
         type=count,
         help=f"greedy evaluation episodes before and after (default: {DEFAULT_EVAL_EPISODES})",
     )
-    train.add_argument(
+    parser.add_argument(
         "--sft-data",
         metavar="DIR",
         help="warm start: fine-tune on this dataset (from textgym record) before PPO",
     )
-    train.add_argument(
+    parser.add_argument(
         "--sft-epochs", type=float, default=1.0, help="epochs of the warm start (default: 1)"
     )
-    train.add_argument(
+    parser.add_argument(
         "--sft-learning-rate",
         type=float,
         default=2e-4,
         help="learning rate of the warm start (default: 2e-4; --learning-rate is PPO's)",
     )
-    add_env_arg(train)
-    if train_flags:
-        add_config_flags(train, import_agents().PPOConfig)
-    train.set_defaults(run=run_train, parser=train)
+    add_env_arg(parser)
+    from textgym_agents.ppo.config import PPOConfig  # no torch: --help stays quick
+
+    add_config_flags(parser, PPOConfig)
 
 
 # --- train -----------------------------------------------------------------------------------
@@ -133,24 +131,6 @@ def add_parser(subparsers: Any, common: argparse.ArgumentParser, train_flags: bo
 
 def _first(*values: Any) -> Any:
     return next((v for v in values if v is not None), None)
-
-
-def _holds_run(path: Path) -> bool:
-    return any((path / name).exists() for name in ("config.json", "metrics.jsonl", "checkpoints"))
-
-
-def _resume_point(target: str) -> tuple[Path, Path]:
-    """``(run directory, checkpoint)`` for ``--resume`` (a run directory or a checkpoint)."""
-    from textgym_agents.ppo.run import find_checkpoint
-
-    path = Path(target)
-    if not path.exists():
-        raise CLIError(f"--resume: no such run directory: {target}")
-    try:
-        checkpoint = find_checkpoint(path)
-    except FileNotFoundError:
-        raise CLIError(f"--resume: no checkpoint in {target}, nothing to resume") from None
-    return (path.parent.parent if checkpoint == path else path), checkpoint
 
 
 def _model_arg(model: str | None) -> str | None:
@@ -189,7 +169,7 @@ def _plan(args: argparse.Namespace, config_cls: Any) -> _Plan:
     saved_ppo: dict[str, Any] = {}
     saved_model = run_dir = checkpoint = None
     if args.resume:
-        run_dir, checkpoint = _resume_point(args.resume)
+        run_dir, checkpoint = resume_point(args.resume)
         saved_info = read_run_info(run_dir)
         with contextlib.suppress(OSError, ValueError, AttributeError):
             saved = json.loads((run_dir / "config.json").read_text())
@@ -227,9 +207,8 @@ def _plan(args: argparse.Namespace, config_cls: Any) -> _Plan:
     elif run_dir is not None:
         out = run_dir
     else:
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        out = Path("runs") / f"{env_id.split(':')[-1].replace('/', '-')}-{stamp}"
-    if out != run_dir and _holds_run(out):
+        out = new_run_dir(env_id)
+    if out != run_dir and holds_run(out):
         raise CLIError(
             f"{out} already holds a run; continue it with --resume {out} or pick another --output"
         )
@@ -271,7 +250,7 @@ def _train(args: argparse.Namespace, agents: Any, process: Any) -> int:
     out, env_id = plan.out, plan.env_id
     print(f"Run directory: {out}", flush=True)
     if plan.checkpoint is not None:
-        done = json.loads((plan.checkpoint / "trainer_state.json").read_text())["episodes"]
+        done = episodes_done(plan.checkpoint)
         if done >= plan.episodes:
             print(f"The run has {done} episodes (>= {plan.episodes}); pass a larger --episodes")
             return 0
@@ -345,3 +324,9 @@ def _train(args: argparse.Namespace, agents: Any, process: Any) -> int:
         f"textgym play {env_id} --policy {out}"
     )
     return 0
+
+
+command = FunctionCommand(
+    "train", "train a model on a text env with PPO (LoRA)", configure, run_train
+)
+"""``textgym train``, the ``train`` entry point of ``textgym.commands``."""

@@ -1,6 +1,6 @@
 """``textgym eval`` and ``textgym plot``, and loading a policy from a run, a policy or a model.
 
-The training stack is imported inside the functions, not by this module.
+Commands of the ``textgym.commands`` entry-point group; torch is imported when they run.
 """
 
 from __future__ import annotations
@@ -15,30 +15,29 @@ from textgym.cli_common import (
     DEFAULT_ENV,
     CLIError,
     UsageError,
-    add_command,
     add_env_arg,
-    import_agents,
     make_env,
     one_line,
     parse_env_args,
     positive_int,
-    read_run_info,
     reply_choices,
 )
-from textgym.cli_config import env_defaults
+from textgym.plugins import FunctionCommand
+from textgym_agents.cli.common import from_pretrained, import_agents
+from textgym_agents.cli.runs import read_run_info, resolve_policy
+from textgym_agents.ppo.defaults import DEFAULT_NUM_ENVS, env_defaults
 
 __all__ = [
-    "DEFAULT_NUM_ENVS",
     "EVAL_SEED",
-    "add_parsers",
+    "eval_command",
     "evaluate_policy",
     "format_table",
-    "from_pretrained",
     "load_policy",
-    "resolve_policy",
+    "plot_command",
+    "run_eval",
+    "run_plot",
 ]
 
-DEFAULT_NUM_ENVS = 16
 EVAL_SEED = 10_000  # evaluation episodes differ from the training ones (seeded from 0)
 
 EVAL_EPILOG = """\
@@ -54,150 +53,74 @@ examples:
 """
 
 
-def add_parsers(subparsers: Any, common: argparse.ArgumentParser) -> None:
-    """Add the ``eval`` and ``plot`` commands."""
-    evaluate = add_command(
-        subparsers,
-        "eval",
-        common,
-        help="evaluate trained policies or models on a text env",
-        description="Greedy evaluation: mean return, its std, success rate, invalid replies.",
-        epilog=EVAL_EPILOG,
-    )
-    evaluate.add_argument(
+def configure_eval(parser: argparse.ArgumentParser) -> None:
+    """Add the arguments of ``textgym eval``."""
+    parser.description = "Greedy evaluation: mean return, its std, success rate, invalid replies."
+    parser.epilog = EVAL_EPILOG
+    parser.add_argument(
         "targets",
         nargs="+",
         metavar="RUN_DIR|MODEL",
         help="a run directory, a saved policy, a model path or 'embedded'",
     )
-    evaluate.add_argument(
+    parser.add_argument(
         "--env", metavar="ENV_ID", help=f"text env (default: the run's, else {DEFAULT_ENV})"
     )
-    evaluate.add_argument(
+    parser.add_argument(
         "--episodes", type=positive_int, default=100, help="episodes (default: 100)"
     )
-    evaluate.add_argument(
+    parser.add_argument(
         "--seed",
         type=int,
         default=EVAL_SEED,
         help=f"seed of the first episode (default: {EVAL_SEED})",
     )
-    evaluate.add_argument(
+    parser.add_argument(
         "--num-envs",
         type=positive_int,
         default=DEFAULT_NUM_ENVS,
         help=f"episodes played in parallel (default: {DEFAULT_NUM_ENVS})",
     )
-    evaluate.add_argument(
+    parser.add_argument(
         "--sample", action="store_true", help="sample replies instead of greedy decoding"
     )
-    evaluate.add_argument(
+    parser.add_argument(
         "--decoding",
         choices=["free", "choices", "constrained", "auto"],
         help="override the policy's decoding",
     )
-    evaluate.add_argument("--json", action="store_true", help="print the results as JSON")
-    add_env_arg(evaluate)
-    evaluate.set_defaults(run=run_eval, parser=evaluate)
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    add_env_arg(parser)
 
-    plot = add_command(
-        subparsers,
-        "plot",
-        common,
-        help="draw the learning curves of runs into one PNG",
-        description="Draw the learning curves of one or several runs into one PNG.",
-        epilog=PLOT_EPILOG,
-    )
-    plot.add_argument(
+
+def configure_plot(parser: argparse.ArgumentParser) -> None:
+    """Add the arguments of ``textgym plot``."""
+    parser.description = "Draw the learning curves of one or several runs into one PNG."
+    parser.epilog = PLOT_EPILOG
+    parser.add_argument(
         "runs", nargs="+", metavar="RUN_DIR", help="run directories (with metrics.jsonl)"
     )
-    plot.add_argument(
+    parser.add_argument(
         "--output",
         metavar="PNG",
         help="default: RUN_DIR/learning_curve.png for one run, else learning_curves.png",
     )
-    plot.add_argument(
+    parser.add_argument(
         "--keys",
         nargs="+",
         default=["env/return_mean", "env/invalid_rate"],
         help="metrics to draw, one panel each (default: env/return_mean env/invalid_rate)",
     )
-    plot.add_argument(
+    parser.add_argument(
         "--x", default="step", help="x axis: step or a logged metric such as env/episodes"
     )
-    plot.add_argument(
+    parser.add_argument(
         "--smooth", type=positive_int, default=1, help="moving-average window (default: 1)"
     )
-    plot.add_argument("--labels", nargs="+", help="legend names, one per run")
-    plot.set_defaults(run=run_plot, parser=plot)
+    parser.add_argument("--labels", nargs="+", help="legend names, one per run")
 
 
-# --- policies: a run, a saved policy or a model --------------------------------------------------
-
-
-def _in_hf_cache(name: str) -> bool:
-    try:
-        from huggingface_hub import try_to_load_from_cache
-    except ImportError:
-        return False
-    try:
-        return isinstance(try_to_load_from_cache(name, "config.json"), str)
-    except Exception:  # an invalid repo id
-        return False
-
-
-def resolve_policy(target: str) -> tuple[str, str | None, str]:
-    """Say what ``target`` is: ``(kind, path or model name, label)``; kind is policy or model.
-
-    A run directory gives its ``final/`` policy (or its latest checkpoint when it has none), a
-    saved policy itself, a model directory, a ``.gguf`` file, ``embedded`` or a Hugging Face
-    id in the local cache gives a model. Raises :class:`CLIError` for anything else.
-    """
-    path = Path(target).expanduser()
-    if path.is_dir():
-        if (path / "policy.json").is_file():
-            return "policy", str(path), target
-        if (path / "final" / "policy.json").is_file():
-            return "policy", str(path / "final"), target
-        if (path / "checkpoints").is_dir():
-            import_agents()
-            from textgym_agents.checkpoint import latest_checkpoint
-
-            latest = latest_checkpoint(path)
-            if latest is not None:
-                return "policy", str(latest), f"{target} ({latest.name})"
-        if _is_run_dir(path):
-            raise CLIError(f"{target} is a run directory without a saved policy (no final/)")
-        return "model", str(path.resolve()), target
-    if path.is_file():
-        if path.suffix == ".gguf":
-            return "model", str(path.resolve()), target
-        raise CLIError(f"{target} is a file, not a run directory, a saved policy or a model")
-    if target == "embedded":
-        return "model", None, target
-    if not _in_hf_cache(target):
-        raise CLIError(
-            f"no such run directory or model: {target} (a model name must be a local path, "
-            "'embedded' or a Hugging Face id in the local cache)"
-        )
-    return "model", target, target
-
-
-def _is_run_dir(path: Path) -> bool:
-    if (path / "metrics.jsonl").is_file() or (path / "cli.json").is_file():
-        return True
-    try:
-        return "ppo" in json.loads((path / "config.json").read_text())
-    except (OSError, ValueError, TypeError):
-        return False
-
-
-def from_pretrained(agents: Any, model: str | None, config: Any) -> Any:
-    """``PPOPolicy.from_pretrained`` with a one-line error."""
-    try:
-        return agents.PPOPolicy.from_pretrained(model, config=config)
-    except (OSError, ValueError) as e:
-        raise CLIError(f"could not load the model {model or 'embedded'}: {one_line(e)}") from e
+# --- policies: a run, a saved policy or a model ------------------------------------------------
 
 
 def load_policy(
@@ -205,8 +128,8 @@ def load_policy(
 ) -> tuple[Any, str]:
     """Load what ``target`` names (see :func:`resolve_policy`) as a policy for the env.
 
-    A fresh model gets the decoding :func:`~textgym.cli_config.env_defaults` picks for the
-    env's ``choices``; ``decoding`` overrides the decoding of any policy.
+    A fresh model gets the decoding :func:`~textgym_agents.ppo.defaults.env_defaults` picks
+    for the env's ``choices``; ``decoding`` overrides the decoding of any policy.
     """
     kind, where, label = resolve_policy(target)
     agents = import_agents()
@@ -332,3 +255,13 @@ def run_plot(args: argparse.Namespace) -> int:
     )
     print(f"Wrote {path}")
     return 0
+
+
+eval_command = FunctionCommand(
+    "eval", "evaluate trained policies or models on a text env", configure_eval, run_eval
+)
+"""``textgym eval``, the ``eval`` entry point of ``textgym.commands``."""
+plot_command = FunctionCommand(
+    "plot", "draw the learning curves of runs into one PNG", configure_plot, run_plot
+)
+"""``textgym plot``, the ``plot`` entry point of ``textgym.commands``."""

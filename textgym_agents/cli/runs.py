@@ -1,0 +1,140 @@
+"""What the training commands know about run directories: their files, names and checkpoints.
+
+A run directory (``textgym train --output DIR``) holds ``cli.json`` (what the command was asked
+for), ``config.json``, ``metrics.jsonl``, ``checkpoints/step_*/`` and ``final/`` (the policy).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from textgym.cli_common import RUN_INFO_FILE, CLIError
+from textgym.plugins import UnknownPolicyError
+from textgym_agents.cli.common import import_agents
+
+__all__ = [
+    "episodes_done",
+    "holds_run",
+    "is_run_dir",
+    "new_run_dir",
+    "read_run_info",
+    "resolve_policy",
+    "resume_point",
+]
+
+
+def read_run_info(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The ``cli.json`` of the run that ``path`` (a run, policy or checkpoint dir) belongs to."""
+    path = Path(path)
+    candidates = [path]
+    if path.name == "final":
+        candidates.append(path.parent)
+    elif path.parent.name == "checkpoints":
+        candidates.append(path.parent.parent)
+    for directory in candidates:
+        file = directory / RUN_INFO_FILE
+        if file.is_file():
+            try:
+                info = json.loads(file.read_text())
+            except ValueError:
+                return {}
+            return info if isinstance(info, dict) else {}
+    return {}
+
+
+def is_run_dir(path: Path) -> bool:
+    """Whether ``path`` looks like a run directory (metrics, cli.json or a PPO config.json)."""
+    if (path / "metrics.jsonl").is_file() or (path / RUN_INFO_FILE).is_file():
+        return True
+    try:
+        return "ppo" in json.loads((path / "config.json").read_text())
+    except (OSError, ValueError, TypeError):
+        return False
+
+
+def holds_run(path: Path) -> bool:
+    """Whether a run was started in ``path`` (so a new one must not be written there)."""
+    return any((path / name).exists() for name in ("config.json", "metrics.jsonl", "checkpoints"))
+
+
+def new_run_dir(env_id: str) -> Path:
+    """``runs/<env>-<time>``: where a run goes without ``--output``."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / f"{env_id.split(':')[-1].replace('/', '-')}-{stamp}"
+
+
+def episodes_done(checkpoint: Path) -> int:
+    """The episodes a checkpoint had trained on (its ``trainer_state.json``)."""
+    return int(json.loads((checkpoint / "trainer_state.json").read_text())["episodes"])
+
+
+def resume_point(target: str) -> tuple[Path, Path]:
+    """``(run directory, checkpoint)`` for ``--resume`` (a run directory or a checkpoint)."""
+    from textgym_agents.ppo.run import find_checkpoint
+
+    path = Path(target)
+    if not path.exists():
+        raise CLIError(f"--resume: no such run directory: {target}")
+    try:
+        checkpoint = find_checkpoint(path)
+    except FileNotFoundError:
+        raise CLIError(f"--resume: no checkpoint in {target}, nothing to resume") from None
+    return (path.parent.parent if checkpoint == path else path), checkpoint
+
+
+def _in_hf_cache(name: str) -> bool:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return False
+    try:
+        return isinstance(try_to_load_from_cache(name, "config.json"), str)
+    except Exception:  # an invalid repo id
+        return False
+
+
+def resolve_policy(target: str) -> tuple[str, str | None, str]:
+    """Say what ``target`` is: ``(kind, path or model name, label)``; kind is policy or model.
+
+    A run directory gives its ``final/`` policy (or its latest checkpoint when it has none), a
+    saved policy itself, a model directory, a ``.gguf`` file, ``embedded`` or a Hugging Face
+    id in the local cache gives a model.
+
+    Raises:
+        UnknownPolicyError: ``target`` is none of these.
+        CLIError: ``target`` is a run directory without a saved policy.
+    """
+    path = Path(target).expanduser()
+    if path.is_dir():
+        if (path / "policy.json").is_file():
+            return "policy", str(path), target
+        if (path / "final" / "policy.json").is_file():
+            return "policy", str(path / "final"), target
+        if (path / "checkpoints").is_dir():
+            import_agents()
+            from textgym_agents.checkpoint import latest_checkpoint
+
+            latest = latest_checkpoint(path)
+            if latest is not None:
+                return "policy", str(latest), f"{target} ({latest.name})"
+        if is_run_dir(path):
+            raise CLIError(f"{target} is a run directory without a saved policy (no final/)")
+        return "model", str(path.resolve()), target
+    if path.is_file():
+        if path.suffix == ".gguf":
+            return "model", str(path.resolve()), target
+        raise UnknownPolicyError(
+            f"{target} is a file, not a run directory, a saved policy or a model"
+        )
+    if target == "embedded":
+        return "model", None, target
+    if not _in_hf_cache(target):
+        raise UnknownPolicyError(
+            f"no such run directory or model: {target} (a model name must be a local path, "
+            "'embedded' or a Hugging Face id in the local cache)"
+        )
+    return "model", target, target
