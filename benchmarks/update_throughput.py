@@ -1,87 +1,136 @@
-"""PPO-update tokens/s of the embedded model and the share of the machine's matmul FLOP/s.
+"""Executed FLOP/s of each phase of one default training update, as a share of the matmul peak.
 
-Collects one batch of real Blackjack turns, then times the update (scoring forward passes +
-one epoch of forward/backward) and, in the same run, the machine's fp32 matmul FLOP/s. The
-utilisation uses the issue's formula, 6 x parameters x tokens/s / peak, where tokens are
-every prompt and reply token of the batch. Prompts share their system prompt, which the
-policy runs once per micro-batch, so fewer tokens pass through the model than this counts;
-both counts are printed.
+Trains the embedded model on textgym/Blackjack-v1 with the settings `textgym train` picks
+(choice decoding), and counts what really runs: forward hooks on the decoder and the LM head
+record every token that passes through them (padding included, the shared system prompt once
+per pass, as executed). FLOPs counted (matmuls only; attention scores are left out, which
+undercounts slightly):
 
-    python benchmarks/update_throughput.py [--turns 64] [--micro-batch 16]
+- forward: 2 x (decoder linear parameters, LoRA included) per decoder token, plus
+  2 x (LM head parameters) per LM-head row;
+- backward (LoRA only): the frozen matrices need input gradients only, another 2 x P per token;
+  the LoRA weight gradients are negligible (r=16) and left out.
 
-Target (issue 3): >= 35% of the measured matmul FLOP/s.
+The peak is the larger of two matmuls in the same dtype as the model, measured in the same
+run: 2048 x 2048 square and (512, 576) x (576, 1536) at the model's MLP shape.
+
+    python benchmarks/update_throughput.py [--updates 2] [--dtype auto]
+
+Targets (issue 17): optimise phase >= 50% of the same-dtype peak; whole loop >= 40%.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from collections import defaultdict
 
 import gymnasium as gym
 import numpy as np
 import torch
 
 import textgym  # noqa: F401
+from textgym.cli_common import reply_choices
 from textgym_agents import PPOConfig, PPOPolicy, PPOTrainer
-from textgym_agents.prefix import shared_length
+from textgym_agents.ppo.defaults import env_defaults
+from textgym_agents.precision import matmul_gflops
 
-TARGET = 0.35
+ENV = "textgym/Blackjack-v1"
+TARGETS = {"optimise": 0.5, "loop": 0.4}
 
 
-def matmul_flops(size: int = 2048, repeats: int = 10) -> float:
-    a, b = torch.randn(size, size), torch.randn(size, size)
+def square_gflops(dtype: torch.dtype, size: int = 2048, repeats: int = 5) -> float:
+    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
     a @ b
     start = time.perf_counter()
     for _ in range(repeats):
         a @ b
-    return 2 * size**3 * repeats / (time.perf_counter() - start)
+    return 2 * size**3 * repeats / (time.perf_counter() - start) / 1e9
+
+
+class FlopCounter:
+    """Counts decoder tokens and LM-head rows as they run, split by phase and by grad mode."""
+
+    def __init__(self, policy: PPOPolicy) -> None:
+        lm = policy.model.get_base_model()
+        decoder, head = getattr(lm, lm.base_model_prefix), lm.get_output_embeddings()
+        head_ids = {id(p) for p in head.parameters()}
+        linears = [m for m in decoder.modules() if isinstance(m, torch.nn.Linear)]
+        self.decoder_params = sum(m.weight.numel() for m in linears if id(m.weight) not in head_ids)
+        self.head_params = head.weight.numel()
+        self.phase = "rollout"
+        self.flops: dict[str, float] = defaultdict(float)
+        self.tokens: dict[str, int] = defaultdict(int)
+        decoder.register_forward_pre_hook(self._decoder, with_kwargs=True)
+        head.register_forward_pre_hook(self._head)
+
+    def _count(self, flops: float) -> None:
+        grad = torch.is_grad_enabled()
+        self.flops[self.phase] += flops * (2 if grad else 1)  # backward: input gradients
+
+    def _decoder(self, module, args, kwargs):  # noqa: ANN001
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        tokens = int(ids.numel())
+        self.tokens[self.phase] += tokens
+        self._count(2 * self.decoder_params * tokens)
+
+    def _head(self, module, args):  # noqa: ANN001
+        rows = int(np.prod(args[0].shape[:-1]))
+        self._count(2 * self.head_params * rows)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--turns", type=int, default=64)
-    parser.add_argument("--micro-batch", type=int, default=16)
-    parser.add_argument("--model", default=None)
+    parser.add_argument("--updates", type=int, default=2, help="timed updates (after a warm-up)")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--num-envs", type=int, default=16)
     args = parser.parse_args()
     torch.manual_seed(0)
-    config = PPOConfig(
-        num_steps=args.turns // 16,
-        max_new_tokens=16,
-        minibatch_size=args.turns,
-        micro_batch_size=args.micro_batch,
-        num_epochs=1,
-        kl_coef=0.05,  # include the reference forward pass
-    )
-    policy = PPOPolicy.from_pretrained(args.model, config=config)
-    trainer = PPOTrainer(policy, gym.make_vec("textgym/Blackjack-v1", num_envs=16))
-    buffer = trainer.collect()
-    turns = buffer.turns()
-    nominal = sum(len(t.prompt_ids) + len(t.response_ids) for t in turns)
-    computed = 0
-    for minibatch in trainer._batches(np.arange(len(turns)), turns):
-        for micro in minibatch:
-            sequences = [turns[i].prompt_ids + turns[i].response_ids for i in micro]
-            shared = shared_length(sequences, min(len(turns[i].prompt_ids) for i in micro) - 1)
-            computed += sum(len(s) - shared for s in sequences) + shared
-
-    peak_before = matmul_flops()
-    start = time.perf_counter()
-    trainer.update(buffer)
-    seconds = time.perf_counter() - start
-    peak = max(peak_before, matmul_flops())
-    params = sum(p.numel() for p in policy.model.parameters())
-    # Passes over the batch: the policy and reference scoring forwards (1 + 1) and one
-    # training epoch (forward + backward, counted as 3 forwards in the 6 x P rule).
-    rate = nominal / seconds
-    utilisation = 6 * params * rate / peak
-    print(f"{len(turns)} turns, {nominal} tokens ({computed} after sharing system prompts)")
-    print(f"update (scoring + 1 epoch): {seconds:.1f} s, {rate:,.0f} tokens/s")
-    print(f"peak fp32 matmul: {peak / 1e9:.0f} GFLOP/s; parameters: {params / 1e6:.1f} M")
+    probe = gym.make(ENV)
+    config = PPOConfig(**env_defaults(reply_choices(probe), {}), progress=False)
+    probe.close()
+    policy = PPOPolicy.from_pretrained(None, dtype=args.dtype, config=config)
+    dtype = next(policy.model.parameters()).dtype
+    trainer = PPOTrainer(policy, gym.make_vec(ENV, num_envs=args.num_envs))
+    trainer.step()  # warm-up
+    counter = FlopCounter(policy)
+    seconds: dict[str, float] = defaultdict(float)
+    for _ in range(args.updates):
+        counter.phase = "rollout"
+        start = time.perf_counter()
+        buffer = trainer.collect()
+        seconds["rollout"] += time.perf_counter() - start
+        turns = buffer.turns()
+        order = trainer.rng.permutation(len(turns))
+        counter.phase = "score"
+        start = time.perf_counter()
+        trainer._score(turns, order)
+        trainer._advantages(buffer)
+        seconds["score"] += time.perf_counter() - start
+        counter.phase = "optimise"
+        start = time.perf_counter()
+        trainer._optimise(turns, order)
+        seconds["optimise"] += time.perf_counter() - start
+        buffer.clear()
+        trainer.collector.drain()
+    peak = max(square_gflops(dtype), matmul_gflops(dtype)) * 1e9
+    print(f"dtype {str(dtype).removeprefix('torch.')}, {torch.get_num_threads()} threads; ")
     print(
-        f"utilisation 6*P*tokens/s/peak: {utilisation:.0%} "
-        f"(target >= {TARGET:.0%}: {'met' if utilisation >= TARGET else 'MISSED'})"
+        f"same-dtype matmul peak {peak / 1e9:.0f} GFLOP/s; {args.updates} updates after a warm-up"
     )
-    print(f"the same counting only computed tokens: {6 * params * computed / seconds / peak:.0%}")
+    print(f"{'phase':9} {'seconds':>8} {'tokens':>8} {'GFLOP':>8} {'GFLOP/s':>8} {'of peak':>8}")
+    seconds["loop"] = sum(seconds.values())
+    counter.flops["loop"] = sum(counter.flops.values())
+    counter.tokens["loop"] = sum(counter.tokens.values())
+    for phase in ("rollout", "score", "optimise", "loop"):
+        rate = counter.flops[phase] / max(seconds[phase], 1e-9)
+        target = TARGETS.get(phase)
+        note = "" if target is None else f"  (target >= {target:.0%}: "
+        note += "" if target is None else ("met)" if rate / peak >= target else "NOT met)")
+        print(
+            f"{phase:9} {seconds[phase]:8.1f} {counter.tokens[phase]:8d} "
+            f"{counter.flops[phase] / 1e9:8.0f} {rate / 1e9:8.1f} {rate / peak:8.0%}{note}"
+        )
 
 
 if __name__ == "__main__":

@@ -39,9 +39,9 @@ def import_agents() -> ModuleType:
         ) from e
 
 
-def from_pretrained(agents: Any, model: str | None, config: Any) -> Any:
+def from_pretrained(agents: Any, model: str | None, config: Any, dtype: str = "auto") -> Any:
     """``PPOPolicy.from_pretrained`` with a one-line error."""
     try:
-        return agents.PPOPolicy.from_pretrained(model, config=config)
+        return agents.PPOPolicy.from_pretrained(model, config=config, dtype=dtype)
     except (OSError, ValueError) as e:
         raise CLIError(f"could not load the model {model or 'embedded'}: {one_line(e)}") from e

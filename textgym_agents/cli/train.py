@@ -80,6 +80,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "env", nargs="?", metavar="ENV_ID", help=f"text env (default: {DEFAULT_ENV})"
     )
     parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16"],
+        help="compute dtype of the base model; auto: bf16 where this machine runs it fast "
+        "(measured once), else float32",
+    )
+    parser.add_argument(
         "--model", help="model directory, .gguf file or cached HF id (default: embedded)"
     )
     parser.add_argument(
@@ -263,7 +270,9 @@ def _train(args: argparse.Namespace, agents: Any, process: Any) -> int:
     changed = {k: v for k, v in plan.config.to_dict().items() if v != defaults.get(k)}
     print("Settings: " + ", ".join(f"{k}={v!r}" for k, v in changed.items()), flush=True)
 
-    policy = from_pretrained(agents, plan.model, plan.config)
+    policy = from_pretrained(agents, plan.model, plan.config, dtype=args.dtype)
+    precision = policy.base_info.get("precision") or {}
+    print(f"Precision: {precision.get('dtype')} ({precision.get('reason')})", flush=True)
     info = {key: getattr(plan, key) for key in ("env_id", "env_args", "model", "episodes")}
     info.update(num_envs=plan.num_envs, eval_episodes=plan.eval_episodes, sft_data=args.sft_data)
     if args.sft_data:

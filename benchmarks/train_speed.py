@@ -1,0 +1,96 @@
+"""Hands/s of the default `textgym train` loop beside the loop as it was (issue 17), in one run.
+
+Both arms train the embedded model on textgym/Blackjack-v1 (16 envs) with the settings
+`textgym train` picks for it (textgym_agents.ppo.defaults.env_defaults). They differ only in
+the speed switches:
+
+- before: float32, a separate scoring pass before every update (reuse_rollout_scores=False),
+  transformers' sdpa attention (gqa_attention=False);
+- now:    dtype "auto" (bf16 where this machine runs it fast, see textgym_agents.precision),
+  the rollout's choice log-probs and values reused, sdpa_gqa attention.
+
+The arms alternate update by update in one process (after one warm-up update each), so
+machine load drifts affect both alike. Prints seconds per phase, hands/s and the ratio.
+
+    python benchmarks/train_speed.py [--updates 3] [--num-envs 16]
+
+Target: >= 2.5x hands/s where bf16 is fast, >= 1.2x on a machine without fast bf16.
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import time
+
+import gymnasium as gym
+import torch
+
+import textgym  # noqa: F401
+from textgym.cli_common import reply_choices
+from textgym_agents import PPOConfig, PPOPolicy, PPOTrainer
+from textgym_agents.ppo.defaults import env_defaults
+from textgym_agents.precision import cpu_signature
+
+ENV = "textgym/Blackjack-v1"
+ARMS = {
+    "before": ({"reuse_rollout_scores": False, "gqa_attention": False}, "float32"),
+    "now": ({}, "auto"),
+}
+PHASES = ("time/rollout_s", "time/score_s", "time/update_s")
+
+
+def make_trainer(overrides: dict, dtype: str, num_envs: int) -> PPOTrainer:
+    probe = gym.make(ENV)
+    defaults = env_defaults(reply_choices(probe), {})  # what `textgym train` picks
+    probe.close()
+    config = PPOConfig(**{**defaults, **overrides, "progress": False})
+    policy = PPOPolicy.from_pretrained(None, dtype=dtype, config=config)
+    return PPOTrainer(policy, gym.make_vec(ENV, num_envs=num_envs))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--updates", type=int, default=3, help="timed updates per arm")
+    parser.add_argument("--num-envs", type=int, default=16)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    trainers = {name: make_trainer(o, d, args.num_envs) for name, (o, d) in ARMS.items()}
+    totals = {name: dict.fromkeys((*PHASES, "seconds", "hands", "turns"), 0.0) for name in ARMS}
+    for update in range(args.updates + 1):
+        for name, trainer in trainers.items():
+            episodes, turns = trainer.episodes, trainer.turns
+            start = time.perf_counter()
+            metrics = trainer.step()
+            seconds = time.perf_counter() - start
+            if update == 0:
+                continue  # warm-up: first-call allocations, the precision measurement
+            total = totals[name]
+            total["seconds"] += seconds
+            total["hands"] += trainer.episodes - episodes
+            total["turns"] += trainer.turns - turns
+            for key in PHASES:
+                total[key] += metrics[key]
+    print(f"machine: {cpu_signature()}")
+    for name, trainer in trainers.items():
+        precision = trainer.policy.base_info["precision"]
+        print(f"{name}: {precision['dtype']} ({precision['reason']})")
+    print(f"\n{args.updates} updates per arm after one warm-up, {args.num_envs} envs")
+    print(f"{'arm':8} {'rollout s':>10} {'score s':>8} {'update s':>9} {'hands':>6} {'hands/s':>8}")
+    rate = {}
+    for name, total in totals.items():
+        rate[name] = total["hands"] / total["seconds"]
+        print(
+            f"{name:8} {total['time/rollout_s']:10.1f} {total['time/score_s']:8.1f} "
+            f"{total['time/update_s']:9.1f} {total['hands']:6.0f} {rate[name]:8.3f}"
+        )
+    ratio = rate["now"] / rate["before"]
+    fast_bf16 = trainers["now"].policy.base_info["precision"]["dtype"] == "bfloat16"
+    target = 2.5 if fast_bf16 else 1.2
+    verdict = "met" if ratio >= target else "NOT met"
+    print(f"\nnow / before: {ratio:.2f}x hands/s (target >= {target}x: {verdict})")
+    print(f"peak RSS of this process (both arms): {resource.getrusage(0).ru_maxrss / 1e6:.2f} GB")
+
+
+if __name__ == "__main__":
+    main()
