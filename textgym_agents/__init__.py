@@ -2,12 +2,17 @@
 
 from textgym_agents.agent import Agent
 from textgym_agents.evaluation import evaluate
+from textgym_agents.exceptions import (
+    EnvFault,
+    NonFiniteUpdateError,
+    PeerFailure,
+    SIGTERMExit,
+    Terminated,  # noqa: F401 - deprecated alias of SIGTERMExit, for textgym/cli_train.py
+)
 from textgym_agents.policy import Generation, PPOPolicy
 from textgym_agents.ppo.buffer import RolloutBuffer, Turn
 from textgym_agents.ppo.config import PPOConfig
-from textgym_agents.ppo.run import Terminated
-from textgym_agents.ppo.tracked import EnvFault
-from textgym_agents.ppo.trainer import NonFiniteUpdateError, PPOTrainer
+from textgym_agents.ppo.trainer import PPOTrainer
 from textgym_agents.sft import sft_warm_start
 from textgym_agents.trl_env import grpo_dataset, with_tool_template
 
@@ -19,8 +24,9 @@ __all__ = [
     "PPOConfig",
     "PPOPolicy",
     "PPOTrainer",
+    "PeerFailure",
     "RolloutBuffer",
-    "Terminated",
+    "SIGTERMExit",
     "Turn",
     "evaluate",
     "grpo_dataset",

@@ -9,7 +9,7 @@ import textgym  # noqa: F401
 from textgym_agents import PPOConfig, PPOPolicy, PPOTrainer, evaluate
 from textgym_agents.checkpoint import latest_checkpoint
 from textgym_agents.testing import tiny_model
-from textgym_agents.tracking import read_metrics
+from textgym_agents.tracking.metrics_log import read_metrics
 
 
 def make_policy(tmp_path, **overrides):
