@@ -29,7 +29,7 @@ import torch
 import textgym  # noqa: F401
 from textgym.checker import find_text_wrapper
 from textgym_agents import Generation, PPOConfig, PPOPolicy, evaluate
-from textgym_agents.tracking import plot_learning_curves
+from textgym_agents.tracking.plotting import plot_learning_curves
 
 try:
     import blackjack_exact

@@ -12,25 +12,25 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from textgym_agents.agent import Agent
     from textgym_agents.evaluation import evaluate
+    from textgym_agents.exceptions import EnvFault, NonFiniteUpdateError, PeerFailure, SIGTERMExit
     from textgym_agents.policy import Generation, PPOPolicy
     from textgym_agents.ppo.buffer import RolloutBuffer, Turn
     from textgym_agents.ppo.config import PPOConfig
-    from textgym_agents.ppo.run import Terminated
-    from textgym_agents.ppo.tracked import EnvFault
-    from textgym_agents.ppo.trainer import NonFiniteUpdateError, PPOTrainer
+    from textgym_agents.ppo.trainer import PPOTrainer
     from textgym_agents.sft import sft_warm_start
     from textgym_agents.trl_env import grpo_dataset, with_tool_template
 
 _EXPORTS = {
     "Agent": "textgym_agents.agent",
-    "EnvFault": "textgym_agents.ppo.tracked",
+    "EnvFault": "textgym_agents.exceptions",
     "Generation": "textgym_agents.policy",
-    "NonFiniteUpdateError": "textgym_agents.ppo.trainer",
+    "NonFiniteUpdateError": "textgym_agents.exceptions",
     "PPOConfig": "textgym_agents.ppo.config",
     "PPOPolicy": "textgym_agents.policy",
     "PPOTrainer": "textgym_agents.ppo.trainer",
+    "PeerFailure": "textgym_agents.exceptions",
     "RolloutBuffer": "textgym_agents.ppo.buffer",
-    "Terminated": "textgym_agents.ppo.run",
+    "SIGTERMExit": "textgym_agents.exceptions",
     "Turn": "textgym_agents.ppo.buffer",
     "evaluate": "textgym_agents.evaluation",
     "grpo_dataset": "textgym_agents.trl_env",
@@ -46,8 +46,9 @@ __all__ = [
     "PPOConfig",
     "PPOPolicy",
     "PPOTrainer",
+    "PeerFailure",
     "RolloutBuffer",
-    "Terminated",
+    "SIGTERMExit",
     "Turn",
     "evaluate",
     "grpo_dataset",

@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from textgym_agents.checkpoint import latest_checkpoint, list_checkpoints
-from textgym_agents.distributed import Distributed
-from textgym_agents.tracking import read_metrics
+from textgym_agents.distributed.collectives import Distributed
+from textgym_agents.tracking.metrics_log import read_metrics
 
 WORKER = textwrap.dedent(
     """
@@ -31,7 +31,7 @@ WORKER = textwrap.dedent(
 
     import textgym  # noqa: F401  (registers the envs)
     from textgym_agents import PPOConfig, PPOPolicy, PPOTrainer, RolloutBuffer, Turn
-    from textgym_agents.distributed import Distributed, current
+    from textgym_agents.distributed.collectives import Distributed, current
 
     tiny, out = sys.argv[1], Path(sys.argv[2])
     process = current()

@@ -9,7 +9,7 @@ import textgym  # noqa: F401
 from textgym_agents import PPOConfig, PPOPolicy, PPOTrainer, evaluate
 from textgym_agents.checkpoint import latest_checkpoint
 from textgym_agents.testing import tiny_model
-from textgym_agents.tracking import read_metrics
+from textgym_agents.tracking.metrics_log import read_metrics
 
 
 def make_policy(tmp_path, **overrides):
@@ -29,6 +29,11 @@ def make_policy(tmp_path, **overrides):
     )
     values.update(overrides)
     return PPOPolicy.from_pretrained(str(base), config=PPOConfig(**values))
+
+
+def trainable(policy):
+    lora, head = policy.trainable_parameters()
+    return [p.detach() for p in [*lora, *head]]
 
 
 def envs():
@@ -92,6 +97,14 @@ def test_resume_continues_the_same_run(tmp_path):
     assert lines[-1]["env/episodes"] >= 12
     assert steps[done] == done + 1  # the resumed run picked up the update count
     assert updates >= 1
+    # Resumed from its checkpoint, the run is the straight run: same updates, same numbers.
+    straight_lines = read_metrics(tmp_path / "straight")
+    assert len(lines) == len(straight_lines) == updates > done
+    for resumed_line, straight_line in zip(lines, straight_lines, strict=True):
+        keys = [k for k in straight_line if not k.startswith(("time", "throughput/"))]
+        assert {k: resumed_line[k] for k in keys} == {k: straight_line[k] for k in keys}
+    for a, b in zip(trainable(second), trainable(straight), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
 def test_learn_rejects_bad_total(tmp_path):

@@ -305,7 +305,7 @@ def _train(args: argparse.Namespace, agents: Any, process: Any) -> int:
     envs = gym.make_vec(env_id, num_envs=plan.num_envs, **plan.env_args)
     try:
         policy.learn(envs, plan.episodes, output_dir=out, resume_from=plan.checkpoint)
-    except (KeyboardInterrupt, agents.Terminated) as stop:  # Ctrl-C or SIGTERM
+    except (KeyboardInterrupt, agents.SIGTERMExit) as stop:  # Ctrl-C or SIGTERM
         from textgym_agents.checkpoint import latest_checkpoint
 
         what = "Interrupted" if isinstance(stop, KeyboardInterrupt) else "Terminated (SIGTERM)"

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -38,12 +38,16 @@ from textgym_agents.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from textgym_agents.distributed import StopSignals, Terminated
+from textgym_agents.distributed.signals import StopSignals
+from textgym_agents.exceptions import NonFiniteUpdateError, SIGTERMExit
 from textgym_agents.ppo.tracked import restore_rollout, rollout_state
-from textgym_agents.ppo.trainer import NonFiniteUpdateError
-from textgym_agents.tracking import MetricsLogger, plot_learning_curves
+from textgym_agents.tracking.metrics_log import MetricsLogger
+from textgym_agents.tracking.plotting import plot_learning_curves
 
-__all__ = ["Terminated", "TrainingRun", "find_checkpoint"]
+if TYPE_CHECKING:  # the trainer imports this driver (PPOTrainer.train), never the reverse
+    from textgym_agents.ppo.trainer import PPOTrainer
+
+__all__ = ["TrainingRun", "find_checkpoint"]
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +66,7 @@ def find_checkpoint(path: str | Path) -> Path:
 class TrainingRun:
     """Drives a :class:`~textgym_agents.ppo.trainer.PPOTrainer` and writes its run directory."""
 
-    def __init__(self, trainer: Any) -> None:
+    def __init__(self, trainer: PPOTrainer) -> None:
         """Attach to a trainer (its ``output_dir`` decides whether files are written)."""
         self.trainer = trainer
         self.process = trainer.process  # the processes of the run (one unless launched)
@@ -81,17 +85,17 @@ class TrainingRun:
         """Train until ``total_episodes`` episodes have finished (counting resumed ones).
 
         Ctrl-C checkpoints the last finished update, then re-raises ``KeyboardInterrupt``;
-        SIGTERM does the same and raises :class:`Terminated`. ``resume_from=output_dir``
-        continues from there. Once an update has started changing the weights, the signal waits
-        for it to finish; a second one stops at once, unsaved. An exception (an
-        :class:`~textgym_agents.ppo.tracked.EnvFault`, a
-        :class:`~textgym_agents.ppo.trainer.NonFiniteUpdateError`, ...) also checkpoints the
+        SIGTERM does the same and raises :class:`~textgym_agents.exceptions.SIGTERMExit`.
+        ``resume_from=output_dir`` continues from there. Once an update has started changing
+        the weights, the signal waits for it to finish; a second one stops at once, unsaved. An
+        exception (an :class:`~textgym_agents.exceptions.EnvFault`, a
+        :class:`~textgym_agents.exceptions.NonFiniteUpdateError`, ...) also checkpoints the
         last finished update before it propagates, with a note naming the checkpoint.
 
         With several processes, episodes are counted over all of them, a signal stops them all
         at the end of the rollout or update under way (see
-        :class:`~textgym_agents.distributed.StopSignals`), a failed rollout stops them all, and
-        the main process writes the files while the others wait.
+        :class:`~textgym_agents.distributed.signals.StopSignals`), a failed rollout stops them
+        all, and the main process writes the files while the others wait.
         """
         trainer, config, process = self.trainer, self.trainer.config, self.process
         if not (isinstance(total_episodes, int) and total_episodes >= 1):
@@ -135,7 +139,7 @@ class TrainingRun:
                 bar.close()
                 if metrics_logger is not None:
                     metrics_logger.close()
-        except (KeyboardInterrupt, Terminated):
+        except (KeyboardInterrupt, SIGTERMExit):
             self._interrupted(mid_update=interrupts.critical)
             raise
         except Exception as error:

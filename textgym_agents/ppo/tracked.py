@@ -19,38 +19,13 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode, SyncVectorEnv, VectorEnv, VectorWrapper
 
-__all__ = ["EnvFault", "TrackedVectorEnv", "fingerprint", "restore_rollout", "rollout_state"]
+from textgym_agents.exceptions import EnvFault
+
+__all__ = ["TrackedVectorEnv", "fingerprint", "restore_rollout", "rollout_state"]
 
 logger = logging.getLogger(__name__)
 
 STATE_VERSION = 1
-
-
-class EnvFault(RuntimeError):
-    """An env raised during ``step`` or ``reset``; the original exception is the ``__cause__``.
-
-    Attributes:
-        index: Index of the env in the vector env (None when it cannot be told).
-        phase: ``"step"`` or ``"reset"``.
-        episode: The env's episode (1 = its first of the run) during which it raised.
-        step: The step of that episode (1 = its first action); 0 for a reset.
-
-    Example:
-        >>> str(EnvFault(2, "step", 5, 3, ValueError("boom")))
-        'env 2 raised ValueError during step 3 of its episode 5: boom'
-    """
-
-    def __init__(
-        self, index: int | None, phase: str, episode: int, step: int, error: BaseException
-    ) -> None:
-        self.index, self.phase, self.episode, self.step = index, phase, episode, step
-        who = "an env (index unknown)" if index is None else f"env {index}"
-        where = (
-            f"step {step} of its episode {episode}"
-            if phase == "step"
-            else f"reset (starting its episode {episode})"
-        )
-        super().__init__(f"{who} raised {type(error).__name__} during {where}: {error}")
 
 
 def fingerprint(observation: Any) -> str:

@@ -17,12 +17,19 @@ import numpy as np
 import torch
 
 from textgym_agents import distributed
+from textgym_agents.exceptions import NonFiniteUpdateError
 from textgym_agents.gradient_checkpointing import enable_gradient_checkpointing
 from textgym_agents.ppo import core
 from textgym_agents.ppo.buffer import RolloutBuffer, Turn
 from textgym_agents.ppo.rollout import EpisodeStats, RolloutCollector, as_vector_env
+from textgym_agents.ppo.run import TrainingRun
 from textgym_agents.ppo.tracked import TrackedVectorEnv
-from textgym_agents.tracking import episode_metrics, episode_table, turn_metrics, turn_table
+from textgym_agents.tracking.rollout_stats import (
+    episode_metrics,
+    episode_table,
+    turn_metrics,
+    turn_table,
+)
 
 __all__ = ["NonFiniteUpdateError", "PPOTrainer"]
 
@@ -39,21 +46,6 @@ STEP_STATS = (
     "policy/ratio_mean",
     "value/clip_frac",
 )
-
-
-class NonFiniteUpdateError(FloatingPointError):
-    """Several updates in a row had a non-finite loss or gradient: training cannot go on.
-
-    Raised by :meth:`PPOTrainer.update` once the update has been fully accounted for (its
-    finite optimizer steps applied, counters advanced), so the state can be checkpointed.
-
-    Attributes:
-        metrics: The metrics of the update that raised.
-    """
-
-    def __init__(self, message: str, metrics: dict[str, float]) -> None:
-        super().__init__(message)
-        self.metrics = metrics
 
 
 class PPOTrainer:
@@ -420,7 +412,9 @@ class PPOTrainer:
         resume_from: str | Path | None = None,
         callback: Callable[[dict[str, float]], Any] | None = None,
     ) -> dict[str, float]:
-        """Run updates until ``total_episodes`` episodes have finished; return the last metrics."""
-        from textgym_agents.ppo.run import TrainingRun
+        """Run updates until ``total_episodes`` episodes have finished; return the last metrics.
 
+        A convenience over the driver, :class:`~textgym_agents.ppo.run.TrainingRun`, which
+        writes the run directory (metrics, checkpoints, resume) and handles stop signals.
+        """
         return TrainingRun(self).run(total_episodes, resume_from=resume_from, callback=callback)

@@ -26,10 +26,9 @@ import textgym  # noqa: F401
 from textgym import TextEnvWrapper
 from textgym_agents import PPOConfig, PPOPolicy, PPOTrainer
 from textgym_agents.checkpoint import latest_checkpoint, list_checkpoints
-from textgym_agents.ppo.run import Terminated, TrainingRun
-from textgym_agents.ppo.tracked import EnvFault
-from textgym_agents.ppo.trainer import NonFiniteUpdateError
-from textgym_agents.tracking import read_metrics
+from textgym_agents.exceptions import EnvFault, NonFiniteUpdateError, SIGTERMExit
+from textgym_agents.ppo.run import TrainingRun
+from textgym_agents.tracking.metrics_log import read_metrics
 
 MANY = 10**6  # episodes: runs here end by a fault, a signal or a callback
 
@@ -236,7 +235,7 @@ def test_sigterm_before_the_weights_change_checkpoints_and_resumes_exactly(
                 os.kill(os.getpid(), signal.SIGTERM)
 
         interrupted._score = score_then_terminate
-    with pytest.raises(Terminated) as caught:
+    with pytest.raises(SIGTERMExit) as caught:
         interrupted.train(MANY)
     assert caught.value.code == 143
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # restored
@@ -253,7 +252,7 @@ def test_sigterm_during_an_update_finishes_it_then_saves(tiny_dir, tmp_path):
     trainer = make_trainer(tiny_dir, tmp_path, gym.make_vec("textgym/Blackjack-v1", num_envs=2))
     kill = lambda *a: (hook.remove(), os.kill(os.getpid(), signal.SIGTERM))  # noqa: E731
     hook = trainer.optimizer.register_step_post_hook(kill)
-    with pytest.raises(Terminated):
+    with pytest.raises(SIGTERMExit):
         trainer.train(MANY)
     assert trainer.update_step == 1  # the update ran to its end before stopping
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step_00000001"]
@@ -268,7 +267,7 @@ def test_second_sigterm_stops_at_once_without_saving(tiny_dir, tmp_path):
         os.kill(os.getpid(), signal.SIGTERM)
 
     hook = trainer.optimizer.register_step_post_hook(twice)
-    with pytest.raises(Terminated):
+    with pytest.raises(SIGTERMExit):
         trainer.train(MANY)
     assert trainer.update_step == 0 and list_checkpoints(tmp_path) == []
 

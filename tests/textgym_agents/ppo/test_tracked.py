@@ -11,8 +11,9 @@ import pytest
 
 import textgym  # noqa: F401
 from textgym import TextEnvWrapper
+from textgym_agents.exceptions import EnvFault
 from textgym_agents.ppo.rollout import reply_choices
-from textgym_agents.ppo.tracked import EnvFault, TrackedVectorEnv
+from textgym_agents.ppo.tracked import TrackedVectorEnv
 
 STICK, HIT = '{"action": "stick"}', '{"action": "hit"}'
 REPLIES = [STICK, HIT, '{"action": "left"}', '{"action": "right"}', "no idea", "right!"]

@@ -140,8 +140,15 @@ def test_hand_filled_buffer_step_by_step(policy):
             if turn.truncated:
                 turn.bootstrap_ids = policy.encode(messages)
             buffer.add(episode, turn)
+    added = len(buffer)
+    lora, head = policy.trainable_parameters()
+    before = [p.detach().clone() for p in [*lora, *head]]
     metrics = trainer.update(buffer)
-    assert metrics["env/turns"] == sum(1 for _ in metrics) * 0 + trainer.turns
+    assert added >= 3  # at least one turn per episode
+    assert metrics["env/turns"] == trainer.turns == added  # every turn the user added counted
+    assert metrics["train/update"] == trainer.update_step == 1
+    assert math.isfinite(metrics["loss/total"])
+    assert any(not torch.equal(a, p) for a, p in zip(before, [*lora, *head], strict=True))
     assert len(buffer) == 0  # consumed
     with pytest.raises(ValueError, match="This trainer has no envs"):
         trainer.collect()
@@ -166,22 +173,44 @@ def test_truncated_turns_bootstrap_from_final_observation(policy):
 
 @pytest.mark.parametrize("mode", ["NEXT_STEP", "SAME_STEP"])
 def test_autoreset_modes(policy, mode):
+    # Every reply of the random tiny model is invalid: with max_invalid=1 each episode is one
+    # turn, so every env autoresets after every turn, inside the rollout.
     envs = gym.make_vec(
         "textgym/Blackjack-v1",
         num_envs=2,
+        max_invalid=1,
         vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode[mode]},
     )
     trainer = PPOTrainer(policy, envs)
     buffer = trainer.collect()
-    per_stream = [len(turns) for turns in buffer.streams.values()]
-    if mode == "SAME_STEP":
-        assert per_stream == [policy.config.num_steps] * 2  # no step is spent on resets
-    else:
-        assert all(n <= policy.config.num_steps for n in per_stream)
+    num_steps = policy.config.num_steps
+    assert sorted(buffer.streams) == [0, 1]
+    # NEXT_STEP spends a step on the reset, which is neither a turn nor counted as a step.
+    assert [len(turns) for turns in buffer.streams.values()] == [num_steps] * 2
+    assert all(turn.done for turn in buffer.turns())  # no reset step became a turn
+    episodes = trainer.collector.drain()
+    assert [(e.stream, e.length) for e in episodes] == [(0, 1), (1, 1)] * num_steps
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="SAME_STEP: the collector reads 'invalid' from the infos of the next episode's "
+    "reset, not from final_info, so an episode's last turn loses its flag (issue 20 review)",
+)
+def test_same_step_autoreset_keeps_the_invalid_flag_of_the_final_turn(policy):
+    envs = gym.make_vec(
+        "textgym/Blackjack-v1",
+        num_envs=2,
+        max_invalid=1,
+        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
+    )
+    buffer = PPOTrainer(policy, envs).collect()
+    assert all(turn.invalid for turn in buffer.turns())  # as NEXT_STEP records them
 
 
 def test_policy_learns_to_prefer_paying_reply():
     """A tiny model learns that "yes" pays: > 90% of greedy replies within 20 updates."""
+    torch.manual_seed(0)  # LoRA init and sampling: not whatever earlier tests left
     model, tokenizer = tiny_model(word_tokenizer(WORDS), tie_word_embeddings=False)
     with torch.no_grad():  # a near-uniform start: every word is sampled from the first update
         model.lm_head.weight.mul_(0.1)
@@ -210,7 +239,8 @@ def test_policy_learns_to_prefer_paying_reply():
     history = []
     for _ in range(20):
         metrics = trainer.step()
-        history.append((metrics["env/success_rate"], greedy_yes_rate()))
+        # No rate until an episode ends with a valid reply: invalid ones are no success.
+        history.append((metrics.get("env/success_rate", 0.0), greedy_yes_rate()))
         if history[-1][0] > 0.8 and history[-1][1] > 0.9:
             break
     assert history[-1][1] > 0.9, history

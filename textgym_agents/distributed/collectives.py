@@ -1,7 +1,7 @@
-"""The processes of a training run act as one: data parallel under ``accelerate launch``.
+"""Collectives of a data-parallel run under ``accelerate launch``: the processes act as one.
 
-:class:`Distributed` sums gradients and gathers statistics across processes (a single process
-skips every collective); :class:`StopSignals` makes Ctrl-C / SIGTERM stop them all at one point.
+:class:`Distributed` sums gradients and gathers statistics across processes; with a single
+process every collective is skipped. Signal handling is in :mod:`.signals`.
 """
 
 from __future__ import annotations
@@ -10,48 +10,21 @@ import hashlib
 import json
 import logging
 import os
-import signal
-import sys
-import threading
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager, suppress
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import safetensors.torch
 import torch
 import torch.distributed as dist
-from tqdm.auto import tqdm
 
-__all__ = [
-    "Distributed",
-    "PeerFailure",
-    "StopSignals",
-    "Terminated",
-    "current",
-    "raise_signal",
-    "share_policy",
-]
+from textgym_agents.exceptions import PeerFailure, raise_signal
+
+__all__ = ["Distributed", "current", "share_policy"]
 
 logger = logging.getLogger(__name__)
 
 # Launchers announce the number of processes in one of these (torchrun/accelerate, then MPI).
 _WORLD_SIZE_VARS = ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
-
-
-class Terminated(SystemExit):
-    """SIGTERM stopped training after a checkpoint; uncaught, the process exits with code 143.
-
-    Example:
-        >>> Terminated().code
-        143
-    """
-
-    def __init__(self) -> None:
-        super().__init__(128 + signal.SIGTERM)
-
-
-class PeerFailure(RuntimeError):
-    """Another process of a distributed run failed in its rollout; this one stops with it."""
 
 
 class Distributed:
@@ -233,7 +206,8 @@ class Distributed:
 
         Raises:
             PeerFailure: Another process failed.
-            KeyboardInterrupt: A process received SIGINT (or :class:`Terminated`: SIGTERM).
+            KeyboardInterrupt: A process received SIGINT (or
+                :class:`~textgym_agents.exceptions.SIGTERMExit`: SIGTERM).
         """
         if not self.enabled:
             return stop
@@ -319,90 +293,3 @@ def _warn_unapplied(process: Distributed) -> None:
             "whole model in the dtype it was loaded in (see docs/scaling.md)",
             ", ".join(unapplied),
         )
-
-
-def raise_signal(signum: int) -> None:
-    """Raise what the signal means: :class:`Terminated` for SIGTERM, else KeyboardInterrupt."""
-    if signum == signal.SIGTERM:
-        raise Terminated
-    raise KeyboardInterrupt
-
-
-class StopSignals:
-    """Ctrl-C or SIGTERM during training stops at a state that can be checkpointed and resumed.
-
-    One process: a signal during the rollout or the scoring of an update raises at once
-    (``KeyboardInterrupt`` for SIGINT, :class:`Terminated` for SIGTERM), as the weights are
-    still those of the last finished update. Once the optimizer has started changing the weights
-    (and while a checkpoint is written), the first signal is held until that is done.
-
-    Several processes: the first signal is always held until the next
-    :meth:`Distributed.stop_check` (the end of this process's rollout, or of the update), where
-    every process learns of it and all stop together. In both cases a second signal stops this
-    process at once. Handlers are only installed in the main thread, over the default ones.
-    """
-
-    _DEFAULTS = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
-    _NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
-
-    def __init__(
-        self, optimizer: torch.optim.Optimizer, process: Distributed | None = None
-    ) -> None:
-        """Watch ``optimizer`` steps (they make the weights critical) for ``process``."""
-        self.optimizer = optimizer
-        self.process = process or Distributed()
-        self.critical = False  # the weights are between two update steps
-        self.pending: int | None = None  # the signal held until the update ends
-        self._previous: dict[int, Any] = {}
-        self._hook: Any = None
-
-    def __enter__(self) -> StopSignals:
-        self._hook = self.optimizer.register_step_pre_hook(self._weights_change)
-        self.process.pending_signal, self.process.stopped_together = 0, False
-        if threading.current_thread() is threading.main_thread():
-            for signum, default in self._DEFAULTS.items():
-                if signal.getsignal(signum) is default:
-                    self._previous[signum] = signal.signal(signum, self._on_signal)
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._hook.remove()
-        for signum, previous in self._previous.items():
-            signal.signal(signum, previous)
-        self._previous = {}
-
-    def _weights_change(self, *args: Any) -> None:
-        self.critical = True
-
-    def _on_signal(self, signum: int, frame: Any) -> None:
-        if self.pending is not None or not (self.critical or self.process.enabled):
-            raise_signal(signum)
-        self.pending = self.process.pending_signal = signum
-        name = self._NAMES[signum]
-        what = "finishing this update, then saving a checkpoint"
-        if self.process.enabled:
-            what = "every process stops after this rollout or update, with a checkpoint"
-        # A write from a signal handler can collide with the progress bar's own write.
-        if self.process.is_main:
-            with suppress(Exception):
-                tqdm.write(
-                    f"{name}: {what} ({name} again to stop at once without saving it)",
-                    file=sys.stderr,
-                )
-
-    @contextmanager
-    def held(self) -> Iterator[None]:
-        """Hold the first signal while the block runs (a checkpoint being written)."""
-        self.critical = True
-        try:
-            yield
-        finally:
-            self.critical = False
-
-    def raise_pending(self) -> None:
-        """Raise the signal held during the last update or checkpoint (on every process)."""
-        self.critical = False
-        if self.process.enabled:
-            self.process.stop_check()
-        elif self.pending is not None:
-            raise_signal(self.pending)

@@ -6,35 +6,15 @@ import logging
 import sys
 import types
 
-import matplotlib
 import numpy as np
 import pytest
 import torch
 
-from textgym_agents.tracking import (
-    METRICS_FILE,
-    MetricsLogger,
-    _moving_average,
-    plot_learning_curves,
-    read_metrics,
-)
-
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+from textgym_agents.tracking.metrics_log import METRICS_FILE, MetricsLogger, read_metrics
 
 
 def _lines(run_dir):
     return [json.loads(line) for line in (run_dir / METRICS_FILE).read_text().splitlines()]
-
-
-def _fake_run(run_dir, n=30, seed=0, invalid=True):
-    rng = np.random.default_rng(seed)
-    with MetricsLogger(run_dir) as m:
-        for step in range(n):
-            metrics = {"env/return_mean": step / n + rng.normal(0, 0.1), "env/episodes": 4 * step}
-            if invalid:
-                metrics["env/invalid_rate"] = max(0.0, 0.5 - step / n)
-            m.log(metrics, step=step)
-    return run_dir
 
 
 # --- MetricsLogger ------------------------------------------------------------------------------
@@ -217,60 +197,3 @@ def test_read_metrics_raises_on_a_corrupt_middle_line(tmp_path):
     path.write_text('{"step": 0}\n[1, 2]\n')
     with pytest.raises(ValueError, match=r"metrics.jsonl:2: expected an object with a 'step'"):
         read_metrics(path)
-
-
-# --- plotting -----------------------------------------------------------------------------------
-
-
-def test_moving_average_matches_naive_reference():
-    ys = np.random.default_rng(0).normal(size=17)
-    for window in (1, 3, 5, 40):
-        expected = [ys[max(0, i - window + 1) : i + 1].mean() for i in range(len(ys))]
-        np.testing.assert_allclose(_moving_average(ys, window), expected)
-
-
-def _assert_png(path, min_bytes=10_000):
-    data = path.read_bytes()
-    assert data.startswith(PNG_SIGNATURE)
-    assert len(data) > min_bytes
-
-
-def test_plot_one_run(tmp_path):
-    run = _fake_run(tmp_path / "run-a")
-    backend = matplotlib.get_backend()
-    out = plot_learning_curves([run], tmp_path / "plots" / "curves.png")
-    assert out == tmp_path / "plots" / "curves.png"
-    _assert_png(out)
-    assert matplotlib.get_backend() == backend
-    assert sorted(p.name for p in out.parent.iterdir()) == ["curves.png"]
-
-
-def test_plot_two_runs_with_options(tmp_path):
-    a = _fake_run(tmp_path / "run-a", seed=0)
-    b = _fake_run(tmp_path / "run-b", n=20, seed=1, invalid=False)  # no env/invalid_rate
-    out = plot_learning_curves(
-        [a, b / METRICS_FILE],
-        tmp_path / "curves.png",
-        keys=("env/return_mean", "env/invalid_rate", "missing/everywhere"),
-        labels=["PPO", "random"],
-        smooth=5,
-        references={"env/return_mean": 0.5},
-        x_key="env/episodes",
-    )
-    _assert_png(out)
-
-
-@pytest.mark.parametrize(
-    ("kwargs", "message"),
-    [
-        ({"runs": []}, "Expected at least one run directory or metrics file, got none"),
-        ({"keys": ()}, "Expected at least one metric key to plot, got none"),
-        ({"smooth": 0}, r"Expected smooth >= 1 \(1 = no smoothing\), got 0"),
-        ({"labels": ["a", "b"]}, r"Expected 1 labels \(one per run\), got 2"),
-    ],
-)
-def test_plot_validates_arguments(tmp_path, kwargs, message):
-    kwargs.setdefault("runs", [_fake_run(tmp_path / "run", n=3)])
-    with pytest.raises(ValueError, match=message):
-        plot_learning_curves(out_path=tmp_path / "x.png", **kwargs)
-    assert not (tmp_path / "x.png").exists()

@@ -1,0 +1,76 @@
+"""What one update reports about its rollout: tables of turns and episodes, then metrics.
+
+Tables come first (float64 rows), so the processes of a run can pool them before the means.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from textgym_agents.ppo.core import explained_variance
+
+__all__ = ["episode_metrics", "episode_table", "turn_metrics", "turn_table"]
+
+
+def turn_table(turns: Sequence[Any]) -> torch.Tensor:
+    """(N, 6) float64 rows of scored turns: invalid, reward, reply tokens, value, return, KL."""
+    rows = [[t.invalid, t.reward, len(t.response_ids), t.value, t.returns, t.kl] for t in turns]
+    return torch.tensor(rows, dtype=torch.float64).reshape(len(rows), 6)
+
+
+def turn_metrics(table: torch.Tensor) -> dict[str, float]:
+    """Invalid-reply rate, mean reward and reply length, value statistics of a :func:`turn_table`.
+
+    Example:
+        >>> table = torch.tensor([[0, 1.0, 3, 0.5, 1.0, 0.0], [1, -1.0, 5, 0.0, -1.0, 0.0]])
+        >>> m = turn_metrics(table.double())
+        >>> m["env/invalid_rate"], m["reply/tokens_mean"], m["value/explained_var"]
+        (0.5, 4.0, 0.4375)
+    """
+    invalid, reward, tokens, value, returns, _ = table.numpy().T
+    values = torch.tensor(value.tolist())  # float32, as the value head computes them
+    return {
+        "env/invalid_rate": float(np.mean(invalid)),
+        "env/reward_mean": float(np.mean(reward)),
+        "reply/tokens_mean": float(np.mean(tokens)),
+        "value/mean": float(values.mean()),
+        "value/explained_var": float(explained_variance(values, torch.tensor(returns.tolist()))),
+    }
+
+
+def episode_table(episodes: Sequence[Any]) -> torch.Tensor:
+    """(N, 3) float64 rows of finished episodes: return, length, success (1, 0 or NaN)."""
+    rows = [
+        [e.episode_return, e.length, math.nan if e.success is None else float(e.success)]
+        for e in episodes
+    ]
+    return torch.tensor(rows, dtype=torch.float64).reshape(len(rows), 3)
+
+
+def episode_metrics(table: torch.Tensor) -> dict[str, float]:
+    """Return mean and std, mean length and success rate (where reported) of an episode table.
+
+    Example:
+        >>> table = torch.tensor([[1.0, 2, 1], [0.0, 4, math.nan]], dtype=torch.float64)
+        >>> sorted(episode_metrics(table).items())[:3]
+        [('env/episode_length', 3.0), ('env/return_mean', 0.5), ('env/return_std', 0.5)]
+        >>> episode_metrics(table)["env/success_rate"]  # the episode without a report is left out
+        1.0
+    """
+    if not len(table):
+        return {}
+    returns, lengths, success = table.numpy().T
+    metrics = {
+        "env/return_mean": float(returns.mean()),
+        "env/return_std": float(returns.std()),
+        "env/episode_length": float(np.mean(lengths)),
+    }
+    success = success[~np.isnan(success)]
+    if len(success):
+        metrics["env/success_rate"] = float(np.mean(success))
+    return metrics
