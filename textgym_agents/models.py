@@ -102,9 +102,9 @@ def resolve_precision(
         'requested bfloat16'
     """
     if dtype is None or dtype == "auto":
-        from textgym_agents.precision import choose_precision
+        from textgym_agents.precision import PRECISION_FILE, choose_precision
 
-        return choose_precision(resolve_device(device))
+        return choose_precision(resolve_device(device), cache_file=cache_dir() / PRECISION_FILE)
     if isinstance(dtype, torch.dtype):
         if dtype not in _DTYPES.values():
             raise ValueError(f"Expected dtype float32, bfloat16 or float16, got {dtype}")

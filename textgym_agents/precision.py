@@ -2,10 +2,11 @@
 
 CPUs of one machine kind differ: AVX-512 BF16 / AMX parts run bf16 matmuls ~2.3x faster than
 fp32, others (AVX2 only) emulate bf16 and run it slower. So ``dtype="auto"`` times one matmul
-at the embedded model's shapes in both dtypes, once per machine (the result is cached in
-``cache_dir()/precision.json``, keyed by CPU, torch version and thread count), and picks bf16
-only where it is clearly faster. CUDA devices get bf16 where supported. Trainable weights (LoRA,
-value head), the optimizer, log-softmax and losses stay fp32 whatever is chosen.
+at the embedded model's shapes in both dtypes, once per machine (cached by
+:func:`textgym_agents.models.resolve_precision` in ``cache_dir()/precision.json``, keyed by
+CPU, torch version and thread count), and picks bf16 only where it is clearly faster. CUDA
+devices get bf16 where supported. Trainable weights (LoRA, value head), the optimizer,
+log-softmax and losses stay fp32 whatever is chosen.
 """
 
 from __future__ import annotations
@@ -17,10 +18,18 @@ import os
 import platform
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 
-__all__ = ["BF16_MIN_SPEEDUP", "Precision", "choose_precision", "cpu_signature", "matmul_gflops"]
+__all__ = [
+    "BF16_MIN_SPEEDUP",
+    "PRECISION_FILE",
+    "Precision",
+    "choose_precision",
+    "cpu_signature",
+    "matmul_gflops",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +37,7 @@ BF16_MIN_SPEEDUP = 1.25
 """bf16 is chosen on a CPU when its measured matmul FLOP/s beat fp32's by at least this factor."""
 
 _SHAPE = (512, 576, 1536)  # (tokens, hidden, MLP width) of SmolLM2-135M's widest matmuls
-_CACHE_FILE = "precision.json"
+PRECISION_FILE = "precision.json"
 
 
 @dataclass(frozen=True)
@@ -101,11 +110,10 @@ def cpu_signature() -> str:
     )
 
 
-def _measure_cpu() -> tuple[float, float]:
-    """(fp32, bf16) GFLOP/s, measured once per machine signature and cached on disk."""
-    from textgym_agents.models import cache_dir
-
-    path = cache_dir() / _CACHE_FILE
+def _measure_cpu(path: Path | None) -> tuple[float, float]:
+    """(fp32, bf16) GFLOP/s, measured once per machine signature and cached in ``path``."""
+    if path is None:
+        return matmul_gflops(torch.float32), matmul_gflops(torch.bfloat16)
     key = cpu_signature()
     try:
         cached = json.loads(path.read_text())
@@ -125,8 +133,11 @@ def _measure_cpu() -> tuple[float, float]:
     return fp32, bf16
 
 
-def choose_precision(device: torch.device) -> Precision:
+def choose_precision(device: torch.device, *, cache_file: Path | None = None) -> Precision:
     """The compute dtype for ``device``: bf16 where it runs fast, float32 elsewhere.
+
+    ``cache_file`` (``models.resolve_precision`` passes ``cache_dir()/precision.json``) keeps
+    the CPU measurement per machine signature; None measures every time (~0.3 s).
 
     Example:
         >>> choice = choose_precision(torch.device("cpu"))
@@ -139,7 +150,7 @@ def choose_precision(device: torch.device) -> Precision:
         return Precision(torch.float32, "auto: CUDA device without bf16")
     if device.type != "cpu":
         return Precision(torch.float32, f"auto: float32 on {device.type}")
-    fp32, bf16 = _measure_cpu()
+    fp32, bf16 = _measure_cpu(cache_file)
     speedup = bf16 / fp32
     fast = speedup >= BF16_MIN_SPEEDUP
     reason = (

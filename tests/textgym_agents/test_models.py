@@ -114,7 +114,7 @@ def test_resolve_dtype_auto_on_cpu_follows_the_measured_matmul_speed(
     auto, measured, expected, monkeypatch
 ):
     # The choice is the measurement's (textgym_agents.precision), never a hard-coded dtype.
-    monkeypatch.setattr("textgym_agents.precision._measure_cpu", lambda: measured)
+    monkeypatch.setattr("textgym_agents.precision._measure_cpu", lambda path: measured)
     assert resolve_dtype(auto, "cpu") is expected
     assert resolve_dtype(auto, torch.device("cpu")) is expected
 

@@ -6,6 +6,7 @@ import torch
 
 import textgym  # noqa: F401
 from textgym_agents import PPOConfig, PPOPolicy, PPOTrainer
+from textgym_agents.models import resolve_precision
 from textgym_agents.ppo import core
 from textgym_agents.precision import (
     BF16_MIN_SPEEDUP,
@@ -31,8 +32,8 @@ def test_cpu_choice_is_measured_once_and_cached(cache, monkeypatch):
         return {torch.float32: 100.0, torch.bfloat16: 40.0}[dtype]
 
     monkeypatch.setattr("textgym_agents.precision.matmul_gflops", fake)
-    first = choose_precision(torch.device("cpu"))
-    second = choose_precision(torch.device("cpu"))
+    first = resolve_precision("auto", "cpu")
+    second = resolve_precision("auto", "cpu")
     assert first == second
     assert first.dtype is torch.float32
     assert calls == [torch.float32, torch.bfloat16]  # the second call read the cache
@@ -47,13 +48,13 @@ def test_cpu_choice_is_measured_once_and_cached(cache, monkeypatch):
     [(100 * BF16_MIN_SPEEDUP, torch.bfloat16), (100 * BF16_MIN_SPEEDUP - 1, torch.float32)],
 )
 def test_cpu_threshold(bf16, expected, cache, monkeypatch):
-    monkeypatch.setattr("textgym_agents.precision._measure_cpu", lambda: (100.0, bf16))
+    monkeypatch.setattr("textgym_agents.precision._measure_cpu", lambda path: (100.0, bf16))
     assert choose_precision(torch.device("cpu")).dtype is expected
 
 
 def test_a_damaged_cache_is_measured_again(cache):
     cache.write_text("{not json")
-    choice = choose_precision(torch.device("cpu"))
+    choice = choose_precision(torch.device("cpu"), cache_file=cache)
     assert choice.fp32_gflops > 0 and choice.bf16_gflops > 0
     assert cpu_signature() in json.loads(cache.read_text())
 
