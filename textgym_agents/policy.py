@@ -245,6 +245,17 @@ class PPOPolicy(PolicyScoring):
         texts = self.generate(batch, greedy=greedy, choices=choices, schemas=schemas).texts  # type: ignore[arg-type]
         return texts[0] if single else texts
 
+    def act_batch(
+        self,
+        batch: Sequence[Messages],
+        *,
+        choices: Sequence[Sequence[str] | None] | None = None,
+        schemas: Sequence[dict[str, Any] | None] | None = None,
+        greedy: bool = False,
+    ) -> list[str]:
+        """One reply per conversation (the :class:`textgym.Policy` protocol; see generate)."""
+        return self.generate(batch, greedy=greedy, choices=choices, schemas=schemas).texts
+
     @property
     def wants_choices(self) -> bool:
         """Whether :meth:`generate` uses the envs' valid replies (``config.decoding``)."""
