@@ -11,7 +11,6 @@ import contextlib
 import json
 import os
 import sys
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -227,8 +226,9 @@ def _plan(args: argparse.Namespace, config_cls: Any) -> _Plan:
     elif run_dir is not None:
         out = run_dir
     else:
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        out = Path("runs") / f"{env_id.split(':')[-1].replace('/', '-')}-{stamp}"
+        from textgym_agents.checkpoint import default_run_dir
+
+        out = default_run_dir(env_id)
     if out != run_dir and _holds_run(out):
         raise CLIError(
             f"{out} already holds a run; continue it with --resume {out} or pick another --output"

@@ -9,7 +9,6 @@ training lives in :mod:`textgym_agents.scoring`.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ from textgym_agents.atomic import (
     load_tensors,
     save_tensors,
 )
+from textgym_agents.checkpoint import default_run_dir
 from textgym_agents.choices import choice_token_ids
 from textgym_agents.constrained import GrammarCompiler, decoding_mode
 from textgym_agents.models import load_model
@@ -385,9 +385,7 @@ class PPOPolicy(PolicyScoring):
 
 def _default_run_dir(envs: Any) -> Path:
     spec = getattr(envs, "spec", None)
-    name = spec.id if spec is not None else "run"
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    return Path("runs") / f"{name.replace('/', '-')}-{stamp}"
+    return default_run_dir(spec.id if spec is not None else None)
 
 
 def _has_stop(text: str, stops: Sequence[str]) -> bool:
