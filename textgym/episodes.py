@@ -320,8 +320,15 @@ class _EnvLanes:
 def _info_at(infos: dict[str, Any], key: str, index: int) -> Any:
     """Env ``index``'s value of ``key`` in a vector env's batched infos (None if it has none)."""
     if key in infos and infos.get(f"_{key}", np.ones(index + 1, bool))[index]:
-        return infos[key][index]
+        return _pick(infos[key], index)
     return None
+
+
+def _pick(value: Any, index: int) -> Any:
+    # Vector envs batch a dict-valued info key (a Dict action, say) into a dict of arrays.
+    if isinstance(value, dict):
+        return {k: _pick(v, index) for k, v in value.items() if not k.startswith("_")}
+    return value[index]
 
 
 class _VectorLanes:
@@ -375,24 +382,21 @@ class _VectorLanes:
         for i in active:
             done = bool(terminations[i] or truncations[i])
             # SAME_STEP: a finished env has already reset; its last step's info is final_info.
-            step_infos = infos.get("final_info", infos) if done and self._same_step else infos
-            info = {
-                key: _info_at(step_infos, key, i) for key in ("invalid", "env_action", "is_success")
-            }
+            same_step = done and self.mode == AutoresetMode.SAME_STEP
+            step_infos = infos.get("final_info", infos) if same_step else infos
+            keys = ("invalid", "is_success", "env_action")[: 3 if self.record else 2]
+            info = {key: _info_at(step_infos, key, i) for key in keys}
             episode = self.open[i]
             episode.add(self.messages[i], actions[i], float(rewards[i]), info)
             if done:
                 truncated = bool(truncations[i]) and not bool(terminations[i])
                 if self.counted[i] < self.targets[i]:
                     self.counted[i] += 1
-                    finished.append(episode.close(info["is_success"], truncated, i, self.finished))
+                    success = info["is_success"]
+                    finished.append(episode.close(success, truncated, i, self.finished))
                     self.finished += 1
                 self.open[i] = self._new(None)
         if self.mode == AutoresetMode.NEXT_STEP:
             self.resetting = np.logical_or(terminations, truncations)
         self.messages = list(observations)
         return finished
-
-    @property
-    def _same_step(self) -> bool:
-        return self.mode == AutoresetMode.SAME_STEP

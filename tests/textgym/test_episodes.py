@@ -93,3 +93,28 @@ def test_bad_policies_and_arguments_are_explained():
 def test_reply_choices_of_envs_without_a_text_wrapper_is_none():
     assert reply_choices(gym.make("Blackjack-v1")) is None
     assert isinstance(as_policy(lambda m: STICK), Policy)
+
+
+def test_vector_envs_record_dict_actions():
+    from gymnasium import spaces
+
+    from textgym import TextEnvWrapper
+
+    class Order(gym.Env):
+        observation_space = spaces.Discrete(2)
+        action_space = spaces.Dict({"drink": spaces.Discrete(2), "cups": spaces.Discrete(3)})
+
+        def reset(self, *, seed=None, options=None):
+            super().reset(seed=seed)
+            return 0, {}
+
+        def step(self, action):
+            return 0, 1.0, True, False, {}
+
+    def make():
+        return TextEnvWrapper(Order(), formatter="Order {o}.", system_prompt="Serve.")
+
+    envs = gym.vector.SyncVectorEnv([make, make])
+    reply = '{"drink": 1, "cups": 2}'
+    episodes = list(run_episodes(lambda m: reply, envs, 2, record_steps=True))
+    assert [e.steps[0].action for e in episodes] == [{"drink": 1, "cups": 2}] * 2
