@@ -10,7 +10,9 @@ the speed switches:
   the rollout's choice log-probs and values reused, sdpa_gqa attention.
 
 The arms alternate update by update in one process (after one warm-up update each), so
-machine load drifts affect both alike. Prints seconds per phase, hands/s and the ratio.
+machine load drifts affect both alike, and each update samples with the same seed in both
+arms, so that (where their numerics agree) they play the same hands. Prints seconds per
+phase, hands/s and the ratio.
 
     python benchmarks/train_speed.py [--updates 3] [--num-envs 16]
 
@@ -59,6 +61,9 @@ def main() -> None:
     totals = {name: dict.fromkeys((*PHASES, "seconds", "hands", "turns"), 0.0) for name in ARMS}
     for update in range(args.updates + 1):
         for name, trainer in trainers.items():
+            # The same sampling seed for both arms: their log-probs agree (fp32: to rounding),
+            # so they play the same hands and the same turns, and only the speed differs.
+            torch.manual_seed(update)
             episodes, turns = trainer.episodes, trainer.turns
             start = time.perf_counter()
             metrics = trainer.step()
@@ -76,13 +81,15 @@ def main() -> None:
         precision = trainer.policy.base_info["precision"]
         print(f"{name}: {precision['dtype']} ({precision['reason']})")
     print(f"\n{args.updates} updates per arm after one warm-up, {args.num_envs} envs")
-    print(f"{'arm':8} {'rollout s':>10} {'score s':>8} {'update s':>9} {'hands':>6} {'hands/s':>8}")
+    header = f"{'arm':8} {'rollout s':>10} {'score s':>8} {'update s':>9} {'turns':>6} {'hands':>6}"
+    print(f"{header} {'turns/s':>8} {'hands/s':>8}")
     rate = {}
     for name, total in totals.items():
         rate[name] = total["hands"] / total["seconds"]
         print(
             f"{name:8} {total['time/rollout_s']:10.1f} {total['time/score_s']:8.1f} "
-            f"{total['time/update_s']:9.1f} {total['hands']:6.0f} {rate[name]:8.3f}"
+            f"{total['time/update_s']:9.1f} {total['turns']:6.0f} {total['hands']:6.0f} "
+            f"{total['turns'] / total['seconds']:8.3f} {rate[name]:8.3f}"
         )
     ratio = rate["now"] / rate["before"]
     fast_bf16 = trainers["now"].policy.base_info["precision"]["dtype"] == "bfloat16"

@@ -126,7 +126,7 @@ def main() -> None:
         """Evaluate on the shared hands; with a decision table, also its exact expected return."""
         if table is None and args.decoding == "choices" and isinstance(policy, PPOPolicy):
             table = greedy_table(policy, eval_env)  # the whole greedy policy (see docstring)
-        result = evaluate(policy, eval_env, args.eval_hands, seed=EVAL_SEED, num_envs=16)
+        result = evaluate(policy, eval_env, args.eval_hands, seed=EVAL_SEED, num_envs=16).as_dict()
         if table is not None:
             result["exact_return"] = blackjack_exact.expected_return(lambda *s: table[s])
             if all(isinstance(choice, str) for choice in table.values()):  # deterministic

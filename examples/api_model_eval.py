@@ -37,8 +37,8 @@ import sys
 import gymnasium as gym
 
 import textgym
+from textgym import Episode
 from textgym.cli_common import add_env_arg, parse_env_args
-from textgym.loops import Episode
 from textgym.wrappers import Messages
 
 _HAND = re.compile(

@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
 
+from textgym.atomic import atomic_write_json
 from textgym.checker import find_text_wrapper
+from textgym.episodes import reply_choices
 from textgym.spaces import ChatMessages
 from textgym.wrappers import TextEnvWrapper
 
@@ -133,19 +134,9 @@ def add_command(
     )
 
 
-def reply_choices(env: gym.Env[Any, Any]) -> list[str] | None:
-    """The env's valid replies (``reply_choices()``) or None when it takes free text."""
-    wrapper = text_wrapper(env)
-    choices = wrapper.reply_choices() if wrapper is not None else None
-    return list(choices) if choices else None
-
-
 def write_run_info(run_dir: Path, info: Mapping[str, Any]) -> None:
-    """Write ``cli.json`` (via a temp file, so a crash never leaves half of it)."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    tmp = run_dir / f".{RUN_INFO_FILE}.tmp"
-    tmp.write_text(json.dumps(dict(info), indent=2) + "\n")
-    os.replace(tmp, run_dir / RUN_INFO_FILE)
+    """Write ``cli.json`` atomically, so a crash never leaves half of it."""
+    atomic_write_json(run_dir / RUN_INFO_FILE, dict(info))
 
 
 def one_line(error: BaseException) -> str:

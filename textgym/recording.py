@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
 
 from textgym.checker import find_text_wrapper
-from textgym.wrappers import TextEnvWrapper
+from textgym.episodes import Episode, run_episodes
+from textgym.policy import JSONSchema, Policy, PolicyBase
+from textgym.wrappers import Messages
 
 if TYPE_CHECKING:
     from datasets import Dataset, Features
@@ -64,7 +65,7 @@ def _datasets() -> tuple[type[Dataset], Features]:
 
 
 class _LastObservation(gym.Wrapper[Any, Any, Any, Any]):
-    """Keeps the base env's latest observation, for an expert that reads the raw state."""
+    """Keeps the latest observation of the env it wraps (``obs``)."""
 
     def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
         self.obs, info = self.env.reset(**kwargs)
@@ -76,24 +77,9 @@ class _LastObservation(gym.Wrapper[Any, Any, Any, Any]):
         return result
 
 
-@dataclass
-class _Slot:
-    """One env and the episode it is playing."""
-
-    env: gym.Env[Any, Any]
-    text: TextEnvWrapper
-    owned: bool
-    capture: _LastObservation | None = None
-    episode: int | None = None
-    seed: int | None = None
-    messages: list[dict[str, str]] = field(default_factory=list)
-    rows: list[dict[str, Any]] = field(default_factory=list)
-    total: float = 0.0
-
-
 def record_trajectories(
     env: str | gym.Env[Any, Any],
-    expert: Callable[[Any], Any] | Any,
+    expert: Callable[[Any], Any] | Policy,
     n_episodes: int,
     *,
     seed: int | None = 0,
@@ -108,17 +94,17 @@ def record_trajectories(
         env: A text env id (``"textgym/Blackjack-v1"``) or a text env instance.
         expert: Either a function of the base env's raw observation returning an env action
             (a scripted expert; its reply is the env's own example reply for that action,
-            ``env.example_reply(action)``), or a policy with ``act(conversations)`` returning
-            one reply per conversation (a ``PPOPolicy``; it gets ``choices=`` when its
-            ``wants_choices`` is true). Expert replies must be valid; policy replies are kept
-            as written, invalid ones included (see the ``invalid`` column).
+            ``env.example_reply(action)``), or a :class:`~textgym.policy.Policy` (a
+            ``PPOPolicy``; it gets each env's valid replies and reply schema when it wants
+            them). Expert replies must be valid; policy replies are kept as written, invalid
+            ones included (see the ``invalid`` column).
         n_episodes: Episodes to play.
         seed: Episode ``k`` is reset with ``seed + k`` (None: unseeded).
         top_fraction: Keep only the best ``ceil(top_fraction * n_episodes)`` episodes by
             return (ties: lower episode id first), e.g. ``0.2`` for rejection sampling.
         num_envs: Envs played in lockstep (a policy replies to all of them in one call); an
             env instance is copied from its spec when ``num_envs > 1``.
-        greedy: Pass ``greedy=True`` to the policy's ``act`` (policies only).
+        greedy: Passed to the policy's ``act_batch`` (policies only).
         env_kwargs: Keyword arguments for ``gym.make`` when ``env`` is an id.
 
     Returns:
@@ -144,33 +130,46 @@ def record_trajectories(
     """
     dataset_cls, features = _datasets()
     _check_args(n_episodes, seed, top_fraction, num_envs)
-    is_policy = hasattr(expert, "act")
-    if not is_policy and not callable(expert):
+    if not isinstance(expert, Policy) and not callable(expert):
         raise TypeError(
             "Expected expert to be a function of the env observation returning an env action, "
-            f"or a policy with act(conversations), got {type(expert).__name__}"
+            f"or a textgym Policy (act_batch), got {type(expert).__name__}"
         )
-    slots = _make_slots(env, num_envs, env_kwargs)
+    envs, owned = _make_envs(env, num_envs, env_kwargs)
+    scripted = None if isinstance(expert, Policy) else _ScriptedExpert(expert, envs)
     try:
-        if not is_policy:
-            # The text wrapper keeps only the formatted text; a wrapper slipped under it for
-            # the recording keeps the raw observation the expert reads.
-            for slot in slots:
-                slot.capture = _LastObservation(slot.text.env)
-                slot.text.env = slot.capture
-        rows = _play(slots, expert, is_policy, n_episodes, seed, greedy)
+        policy, played = (expert, envs) if scripted is None else (scripted, scripted.envs)
+        run = run_episodes(policy, played, n_episodes, seed=seed, greedy=greedy, record_steps=True)
+        episodes = list(run)
     finally:
-        for slot in slots:
-            if slot.capture is not None:
-                slot.text.env = slot.capture.env
-            if slot.owned:
-                slot.env.close()
+        if scripted is not None:
+            scripted.detach()
+        if owned:
+            for e in envs:
+                e.close()
+    episodes.sort(key=lambda e: e.index)
     if top_fraction is not None:
-        returns = {row["episode"]: row["return"] for row in rows}
         keep = max(1, math.ceil(top_fraction * n_episodes))
-        best = set(sorted(returns, key=lambda e: (-returns[e], e))[:keep])
-        rows = [row for row in rows if row["episode"] in best]
-    return dataset_cls.from_list(rows, features=features)
+        best = sorted(episodes, key=lambda e: (-e.episode_return, e.index))[:keep]
+        episodes = sorted(best, key=lambda e: e.index)
+    return dataset_cls.from_list([row for e in episodes for row in _rows(e)], features=features)
+
+
+def _rows(episode: Episode) -> list[dict[str, Any]]:
+    return [
+        {
+            "prompt": [dict(m) for m in step.messages],
+            "completion": [{"role": "assistant", "content": step.reply}],
+            "episode": episode.index,
+            "turn": turn,
+            "seed": episode.seed,
+            "reward": step.reward,
+            "return": episode.episode_return,
+            "action": None if step.action is None else json.dumps(_plain(step.action)),
+            "invalid": step.invalid,
+        }
+        for turn, step in enumerate(episode.steps)
+    ]
 
 
 def _check_args(
@@ -188,9 +187,10 @@ def _check_args(
         raise ValueError(f"Expected top_fraction in (0, 1] or None, got {top_fraction!r}")
 
 
-def _make_slots(
+def _make_envs(
     env: str | gym.Env[Any, Any], num_envs: int, env_kwargs: Mapping[str, Any] | None
-) -> list[_Slot]:
+) -> tuple[list[gym.Env[Any, Any]], bool]:
+    """The envs to play (``num_envs`` of them) and whether they are ours to close."""
     if isinstance(env, str):
         envs = [gym.make(env, **dict(env_kwargs or {})) for _ in range(num_envs)]
         owned = True
@@ -204,106 +204,78 @@ def _make_slots(
     else:
         raise TypeError(f"Expected a text env or an env id, got {type(env).__name__}")
     try:
-        return [_Slot(e, find_text_wrapper(e), owned) for e in envs]
+        for e in envs:
+            find_text_wrapper(e)
     except ValueError:
         if owned:
             for e in envs:
                 e.close()
         raise
+    return envs, owned
 
 
-def _play(
-    slots: list[_Slot],
-    expert: Any,
-    is_policy: bool,
-    n_episodes: int,
-    seed: int | None,
-    greedy: bool,
-) -> list[dict[str, Any]]:
-    """Run the episodes (each slot starts the next one when its episode ends); return rows."""
-    next_episode = 0
-    finished: list[dict[str, Any]] = []
+class _ScriptedExpert(PolicyBase):
+    """A function of the raw env observation as a policy: it replies with the env's own words.
 
-    def start(slot: _Slot) -> None:
-        nonlocal next_episode
-        slot.episode = None
-        if next_episode < n_episodes:
-            slot.episode, slot.seed = next_episode, None if seed is None else seed + next_episode
-            slot.messages, _ = slot.env.reset(seed=slot.seed)
-            slot.rows, slot.total = [], 0.0
-            next_episode += 1
+    The text wrapper keeps only the formatted text, so a wrapper slipped under it for the
+    recording keeps the raw observation the expert reads (:meth:`detach` removes it again). A
+    wrapper on top of each env keeps the prompt it showed last, which tells whose prompt each
+    conversation of a batch is: :attr:`envs` are the envs to play.
+    """
 
-    for slot in slots:
-        start(slot)
-    while active := [slot for slot in slots if slot.episode is not None]:
-        if is_policy:
-            replies, actions = _policy_replies(expert, active, greedy), None
-        else:
-            actions = [expert(slot.capture.obs) for slot in active]  # type: ignore[union-attr]
-            replies = [
-                _example_reply(slot.text, action)
-                for slot, action in zip(active, actions, strict=True)
-            ]
-        for k, (slot, reply) in enumerate(zip(active, replies, strict=True)):
-            messages, reward, terminated, truncated, info = slot.env.step(reply)
-            if info["invalid"] and not is_policy:
-                raise ValueError(
-                    f"The env rejected its own example reply {reply!r} for the expert's action "
-                    f"{actions[k]!r}: {info['parse_error']}"  # type: ignore[index]
-                )
-            action = info.get("env_action") if not info["invalid"] else None
-            slot.rows.append(
-                {
-                    "prompt": [dict(m) for m in slot.messages],
-                    "completion": [{"role": "assistant", "content": reply}],
-                    "episode": slot.episode,
-                    "turn": len(slot.rows),
-                    "seed": slot.seed,
-                    "reward": float(reward),
-                    "return": 0.0,  # set when the episode ends
-                    "action": None if action is None else json.dumps(_plain(action)),
-                    "invalid": bool(info["invalid"]),
-                }
+    def __init__(self, expert: Callable[[Any], Any], envs: Sequence[gym.Env[Any, Any]]) -> None:
+        self.expert = expert
+        self.texts = [find_text_wrapper(e) for e in envs]
+        self.captures = []
+        for text in self.texts:
+            capture = _LastObservation(text.env)
+            text.env = capture
+            self.captures.append(capture)
+        self.envs = [_LastObservation(e) for e in envs]
+
+    def detach(self) -> None:
+        """Take the observation wrappers out of the text wrappers again."""
+        for text, capture in zip(self.texts, self.captures, strict=True):
+            text.env = capture.env
+
+    def act_batch(
+        self,
+        batch: Sequence[Messages],
+        *,
+        choices: Sequence[Sequence[str] | None] | None = None,
+        schemas: Sequence[JSONSchema | None] | None = None,
+        greedy: bool = False,
+    ) -> list[str]:
+        """The example reply for the expert's action in each conversation's env."""
+        return [self._reply(self._env_of(messages)) for messages in batch]
+
+    def _env_of(self, messages: Messages) -> int:
+        for i, env in enumerate(self.envs):
+            if env.obs is messages:
+                return i
+        raise RuntimeError("A conversation that none of the recorded envs showed")
+
+    def _reply(self, i: int) -> str:
+        text, action = self.texts[i], self.expert(self.captures[i].obs)
+        space = text.env.action_space
+        if not space.contains(action):
+            raise ValueError(
+                f"The expert returned {action!r}, which is not in the action space {space}"
             )
-            slot.total += float(reward)
-            slot.messages = messages
-            if terminated or truncated:
-                for row in slot.rows:
-                    row["return"] = slot.total
-                finished.extend(slot.rows)
-                start(slot)
-    finished.sort(key=lambda row: (row["episode"], row["turn"]))
-    return finished
-
-
-def _example_reply(text: TextEnvWrapper, action: Any) -> str:
-    space = text.env.action_space
-    if not space.contains(action):
-        raise ValueError(
-            f"The expert returned {action!r}, which is not in the action space {space}"
-        )
-    reply = text.example_reply(action)
-    if reply is None:
-        raise ValueError(
-            f"The env's parser ({type(text.parser).__name__}) cannot write a reply for the "
-            f"expert's action {action!r}; record with a policy (an object with act()) instead"
-        )
-    return reply
-
-
-def _policy_replies(policy: Any, active: list[_Slot], greedy: bool) -> list[str]:
-    kwargs: dict[str, Any] = {"greedy": True} if greedy else {}
-    if getattr(policy, "wants_choices", False):
-        kwargs["choices"] = [slot.text.reply_choices() for slot in active]
-    replies = policy.act([slot.messages for slot in active], **kwargs)
-    if isinstance(replies, str) or len(replies) != len(active):
-        raise ValueError(
-            f"Expected the policy's act() to return a list of {len(active)} replies for a batch "
-            f"of {len(active)} conversations, got {replies!r:.200}"
-        )
-    if not all(isinstance(r, str) for r in replies):
-        raise TypeError(f"Expected the policy's replies as str, got {replies!r:.200}")
-    return list(replies)
+        reply = text.example_reply(action)
+        if reply is None:
+            raise ValueError(
+                f"The env's parser ({type(text.parser).__name__}) cannot write a reply for the "
+                f"expert's action {action!r}; record with a policy (an object with act_batch()) "
+                "instead"
+            )
+        _, error = text.parse_reply(reply)
+        if error is not None:
+            raise ValueError(
+                f"The env rejected its own example reply {reply!r} for the expert's action "
+                f"{action!r}: {error}"
+            )
+        return reply
 
 
 def _plain(value: Any) -> Any:

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from typing import Any
 
 import gymnasium as gym
 import torch
 
 from textgym import FunctionParser, TextEnvWrapper
+from textgym.wrappers import Messages
 from textgym_agents.policy import PPOPolicy
 from textgym_agents.ppo.buffer import RolloutBuffer, Turn
 from textgym_agents.ppo.config import PPOConfig
@@ -170,6 +172,34 @@ class Agent(ABC):
             {"role": "system", "content": self.get_system_prompt()}
         ]
         self.current_turns: list[Turn] = []
+
+    # --- the agent's model as a textgym Policy (evaluate, record_trajectories) ----------------
+
+    @property
+    def wants_choices(self) -> bool:
+        """Whether :meth:`act_batch` uses the envs' valid replies (its policy's decoding)."""
+        return self.policy.wants_choices
+
+    @property
+    def wants_schemas(self) -> bool:
+        """Whether :meth:`act_batch` uses the envs' reply schemas (its policy's decoding)."""
+        return self.policy.wants_schemas
+
+    def act_batch(
+        self,
+        batch: Sequence[Messages],
+        *,
+        choices: Sequence[Sequence[str] | None] | None = None,
+        schemas: Sequence[dict[str, Any] | None] | None = None,
+        greedy: bool = False,
+    ) -> list[str]:
+        """Reply to each conversation without recording a turn: :class:`textgym.Policy`.
+
+        With :meth:`text_env`, ``textgym_agents.evaluate(agent, agent.text_env(env))`` and
+        ``textgym.record_trajectories(agent.text_env(env), agent, ...)`` play the agent's model
+        on the prompts it trains on; :meth:`act` stays the training loop's step.
+        """
+        return self.policy.act_batch(batch, choices=choices, schemas=schemas, greedy=greedy)
 
     def text_env(self, env: gym.Env[Any, Any] | str, **wrapper_kwargs: Any) -> TextEnvWrapper:
         """Wrap ``env`` as a text env that prompts and parses exactly like this agent.

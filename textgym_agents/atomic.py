@@ -1,13 +1,11 @@
 """Atomic writes: a file or a directory at a path is either the old version or the new one.
 
 Each write goes to a temp file or directory next to the target, is fsynced, then renamed into
-place, so a killed process never leaves a half-written file at a name that is read back.
-:mod:`textgym_agents.checkpoint` builds run checkpoints on these.
+place (files via :mod:`textgym.atomic`); :mod:`textgym_agents.checkpoint` builds on these.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import shutil
@@ -17,9 +15,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import safetensors.torch
 import torch
+
+from textgym.atomic import atomic_file as _atomic_file
+from textgym.atomic import atomic_write_bytes
+from textgym.atomic import atomic_write_json as _atomic_write_json
+from textgym.atomic import fsync_dir as _fsync_dir
 
 __all__ = [
     "atomic_directory",
@@ -31,53 +33,7 @@ __all__ = [
 ]
 
 
-def _fsync_dir(path: Path) -> None:
-    # A rename is only durable once the directory holding the new entry is flushed.
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # Windows cannot open directories; its renames are journaled anyway.
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-@contextmanager
-def _atomic_file(path: str | os.PathLike[str]) -> Iterator[Path]:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        yield Path(tmp)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-
-
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write ``data`` to ``path`` so readers see the old file or the new one, never a mix.
-
-    Example:
-        >>> import tempfile, pathlib
-        >>> p = pathlib.Path(tempfile.mkdtemp()) / "a.bin"
-        >>> atomic_write_bytes(p, b"hi"); p.read_bytes()
-        b'hi'
-    """
-    with _atomic_file(path) as tmp, open(tmp, "wb") as f:
-        f.write(data)
-
-
-def _json_default(obj: Any) -> Any:
-    if isinstance(obj, np.generic):
-        return obj.item()
-    if isinstance(obj, os.PathLike):
-        return os.fspath(obj)
+def _refuse(obj: Any) -> Any:
     raise TypeError(
         f"Cannot write {type(obj).__name__} to JSON; put tensors in `tensors=` or encode the "
         "object with state_to_files()"
@@ -85,9 +41,9 @@ def _json_default(obj: Any) -> Any:
 
 
 def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> None:
-    """Atomically write ``obj`` as indented JSON (numpy scalars become Python numbers).
+    """Atomically write ``obj`` as indented JSON (:func:`textgym.atomic.atomic_write_json`).
 
-    NaN and infinities are written as Python's ``NaN``/``Infinity`` so they round-trip.
+    Tensors are refused with a hint: they belong in safetensors files (:func:`save_tensors`).
 
     Example:
         >>> import tempfile, pathlib, json
@@ -95,7 +51,7 @@ def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> None:
         >>> atomic_write_json(p, {"step": 3}); json.loads(p.read_text())
         {'step': 3}
     """
-    atomic_write_bytes(path, json.dumps(obj, indent=2, default=_json_default).encode() + b"\n")
+    _atomic_write_json(path, obj, default=_refuse)
 
 
 def save_tensors(

@@ -14,6 +14,7 @@ import random
 import re
 import secrets
 import shutil
+import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from textgym_agents.atomic import (
 )
 
 __all__ = [
+    "default_run_dir",
     "discard_checkpoints_after",
     "latest_checkpoint",
     "list_checkpoints",
@@ -189,6 +191,21 @@ def _check_names(kind: str, names: Iterable[str]) -> None:
             raise ValueError(
                 f"{kind} names must match {_NAME.pattern!r} (they become file names), got {name!r}"
             )
+
+
+def default_run_dir(env_id: str | None) -> Path:
+    """``runs/<env>-<date>-<time>``: where a run goes when no output directory is given.
+
+    ``env_id`` is a Gymnasium id (a ``module:`` prefix is dropped, ``/`` becomes ``-``); None
+    names the run ``run``.
+
+    Example:
+        >>> path = default_run_dir("my_package:textgym/Blackjack-v1")
+        >>> path.parent.name, path.name.startswith("textgym-Blackjack-v1-")
+        ('runs', True)
+    """
+    name = env_id.split(":")[-1].replace("/", "-") if env_id else "run"
+    return Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def save_checkpoint(

@@ -74,8 +74,8 @@ def decoding_mode(
     if mode == "constrained" and (schemas is None or any(s is None for s in schemas)):
         raise ValueError(
             "config.decoding='constrained' needs the reply schema of every conversation: "
-            "pass schemas=[...] (textgym_agents.ppo.rollout.reply_schemas(envs) gives a vector "
-            "env's), or use decoding='auto' to fall back to free text"
+            "pass schemas=[...] (textgym.reply_schemas(envs) gives a vector env's), "
+            "or use decoding='auto' to fall back to free text"
         )
     if mode == "choices" or (mode == "auto" and every_choice):
         return "choices"

@@ -1,49 +1,60 @@
-"""``evaluate``: mean and std of return, success rate and invalid-reply rate of a policy."""
+"""``evaluate``: mean and std of return, success rate and invalid-reply rate of a policy.
+
+Batched over envs by :func:`textgym.episodes.run_episodes`; the result is a
+:class:`textgym.evaluation.Evaluation` (also readable as the summary dict).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import gymnasium as gym
-import numpy as np
 from gymnasium.vector import VectorEnv
 
-from textgym_agents.ppo.buffer import RolloutBuffer
-from textgym_agents.ppo.rollout import RolloutCollector, as_vector_env
+from textgym.episodes import run_episodes
+from textgym.evaluation import Evaluation
+from textgym.policy import JSONSchema, Policy, PolicyBase, as_policy
+from textgym.wrappers import Messages
+from textgym_agents.ppo.rollout import as_vector_env
 
 __all__ = ["evaluate"]
 
 
-class _NoTraining:
-    """Adapts a policy so the rollout collector generates greedily or by sampling."""
+class _Generating(PolicyBase):
+    """An object with only ``generate(batch, greedy=...)`` (a scripted stand-in) as a Policy."""
 
-    def __init__(self, policy: Any, greedy: bool) -> None:
-        self.policy, self.greedy = policy, greedy
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.wants_choices = bool(getattr(model, "wants_choices", False))
+        self.wants_schemas = bool(getattr(model, "wants_schemas", False))
 
-    @property
-    def wants_choices(self) -> bool:
-        return getattr(self.policy, "wants_choices", False)
-
-    @property
-    def wants_schemas(self) -> bool:
-        return getattr(self.policy, "wants_schemas", False)
-
-    def generate(self, batch: Any, **kwargs: Any) -> Any:
-        return self.policy.generate(batch, greedy=self.greedy, **kwargs)
-
-    def encode(self, messages: Any) -> list[int]:
-        return self.policy.encode(messages)
+    def act_batch(
+        self,
+        batch: Sequence[Messages],
+        *,
+        choices: Sequence[Sequence[str] | None] | None = None,
+        schemas: Sequence[JSONSchema | None] | None = None,
+        greedy: bool = False,
+    ) -> list[str]:
+        """The texts of one ``generate`` call (given only the hints the model wants)."""
+        kwargs: dict[str, Any] = {}
+        if choices is not None:
+            kwargs["choices"] = choices
+        if schemas is not None:
+            kwargs["schemas"] = schemas
+        return list(self.model.generate(list(batch), greedy=greedy, **kwargs).texts)
 
 
 def evaluate(
-    policy: Any,
+    policy: Policy | Any,
     env: gym.Env[Any, Any] | VectorEnv,
     n_episodes: int = 100,
     *,
     greedy: bool = True,
     seed: int = 0,
     num_envs: int = 16,
-) -> dict[str, float]:
+) -> Evaluation:
     """Play ``n_episodes`` episodes and summarise them.
 
     Episodes run in batches: a vector env is used as it is; a single env that has a spec is
@@ -52,7 +63,9 @@ def evaluate(
     short episodes are not over-counted.
 
     Args:
-        policy: A :class:`~textgym_agents.PPOPolicy` (anything with ``generate``/``encode``).
+        policy: A :class:`~textgym_agents.PPOPolicy`, an :class:`~textgym_agents.Agent`, any
+            :class:`textgym.Policy`, an object with ``generate(batch, greedy=...)``, or a
+            callable ``messages -> reply``.
         env: A text env or text vector env.
         n_episodes: Episodes to play.
         greedy: Greedy decoding (else sampling with the policy's settings).
@@ -60,43 +73,31 @@ def evaluate(
         num_envs: Copies of a single env to play in parallel.
 
     Returns:
-        ``mean_return``, ``std_return``, ``mean_length``, ``invalid_rate`` (invalid replies
-        per turn), ``episodes`` and, where the env reports ``is_success``, ``success_rate``
-        (an episode that ended without the key, cut short by a time limit, counts as failed).
+        The :class:`~textgym.evaluation.Evaluation`; as a mapping (``result["mean_return"]``)
+        it holds ``mean_return``, ``std_return``, ``mean_length``, ``invalid_rate`` (invalid
+        replies per turn), ``episodes`` (the count) and, where the env reports ``is_success``,
+        ``success_rate`` (an episode that ended without the key, cut short by a time limit,
+        counts as failed).
+
+    Example:
+        >>> import textgym
+        >>> result = evaluate(lambda m: '{"action": "stick"}', gym.make("textgym/Blackjack-v1"), 8)
+        >>> result["episodes"], result.invalid_rate, len(result.episodes)
+        (8, 0.0, 8)
     """
     if not (isinstance(n_episodes, int) and n_episodes >= 1):
         raise ValueError(f"n_episodes must be an int >= 1, got {n_episodes!r}")
+    if isinstance(policy, Policy) or not hasattr(policy, "generate"):
+        actor = as_policy(policy)
+    else:
+        actor = _Generating(policy)
     envs, owned = _as_batched(env, min(num_envs, n_episodes))
     try:
-        collector = RolloutCollector(envs, seed)
-        n = envs.num_envs
-        targets = np.array([(n_episodes + i) // n for i in range(n)])
-        finished: list[list[Any]] = [[] for _ in range(n)]
-        buffer = RolloutBuffer()
-        actor = _NoTraining(policy, greedy)
-        collector.reset()
-        while any(len(f) < t for f, t in zip(finished, targets, strict=True)):
-            collector.collect(actor, 1, buffer)
-            buffer.clear()
-            for stats in collector.drain():
-                if len(finished[stats.stream]) < targets[stats.stream]:
-                    finished[stats.stream].append(stats)
+        episodes = list(run_episodes(actor, envs, n_episodes, seed=seed, greedy=greedy))
     finally:
         if owned:
             envs.close()
-    episodes = [e for f in finished for e in f]
-    returns = np.array([e.episode_return for e in episodes])
-    result = {
-        "mean_return": float(returns.mean()),
-        "std_return": float(returns.std()),
-        "mean_length": float(np.mean([e.length for e in episodes])),
-        "invalid_rate": sum(e.invalid for e in episodes) / max(sum(e.length for e in episodes), 1),
-        "episodes": len(episodes),
-    }
-    if any(e.success is not None for e in episodes):
-        # An episode that ended without the key (cut short by a TimeLimit, say) failed.
-        result["success_rate"] = float(np.mean([bool(e.success) for e in episodes]))
-    return result
+    return Evaluation.from_episodes(sorted(episodes, key=lambda e: (e.env_index, e.index)))
 
 
 def _as_batched(env: Any, num_envs: int) -> tuple[VectorEnv, bool]:

@@ -9,7 +9,6 @@ training lives in :mod:`textgym_agents.scoring`.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ from textgym_agents.atomic import (
     save_tensors,
 )
 from textgym_agents.attention import use_gqa_attention
+from textgym_agents.checkpoint import default_run_dir
 from textgym_agents.choices import choice_token_ids
 from textgym_agents.constrained import GrammarCompiler, decoding_mode
 from textgym_agents.models import load_model, resolve_precision
@@ -258,6 +258,17 @@ class PPOPolicy(PolicyScoring):
         texts = self.generate(batch, greedy=greedy, choices=choices, schemas=schemas).texts  # type: ignore[arg-type]
         return texts[0] if single else texts
 
+    def act_batch(
+        self,
+        batch: Sequence[Messages],
+        *,
+        choices: Sequence[Sequence[str] | None] | None = None,
+        schemas: Sequence[dict[str, Any] | None] | None = None,
+        greedy: bool = False,
+    ) -> list[str]:
+        """One reply per conversation (the :class:`textgym.Policy` protocol; see generate)."""
+        return self.generate(batch, greedy=greedy, choices=choices, schemas=schemas).texts
+
     @property
     def wants_choices(self) -> bool:
         """Whether :meth:`generate` uses the envs' valid replies (``config.decoding``)."""
@@ -390,9 +401,7 @@ class PPOPolicy(PolicyScoring):
 
 def _default_run_dir(envs: Any) -> Path:
     spec = getattr(envs, "spec", None)
-    name = spec.id if spec is not None else "run"
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    return Path("runs") / f"{name.replace('/', '-')}-{stamp}"
+    return default_run_dir(spec.id if spec is not None else None)
 
 
 def _has_stop(text: str, stops: Sequence[str]) -> bool:

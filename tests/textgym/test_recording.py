@@ -92,11 +92,12 @@ class ScriptedPolicy:
     """Replies to a batch at once; every third reply is prose the env cannot parse."""
 
     wants_choices = True
+    wants_schemas = False
 
     def __init__(self):
         self.calls = []
 
-    def act(self, conversations, choices=None):
+    def act_batch(self, conversations, *, choices=None, schemas=None, greedy=False):
         self.calls.append((len(conversations), choices))
         return [
             choices[i][1] if len(c[-1]["content"]) % 3 else "Let me think..."

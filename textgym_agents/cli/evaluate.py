@@ -156,7 +156,7 @@ def load_policy(
 
 def evaluate_policy(
     agents: Any, policy: Any, env: Any, episodes: int, **kwargs: Any
-) -> dict[str, Any]:
+) -> Mapping[str, Any]:
     """``evaluate`` on the evaluation seed, playing at most ``episodes`` envs at once."""
     kwargs.setdefault("seed", EVAL_SEED)
     kwargs["num_envs"] = min(kwargs.get("num_envs", DEFAULT_NUM_ENVS), episodes)

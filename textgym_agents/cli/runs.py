@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,6 @@ __all__ = [
     "episodes_done",
     "holds_run",
     "is_run_dir",
-    "new_run_dir",
     "read_run_info",
     "resolve_policy",
     "resume_point",
@@ -59,12 +57,6 @@ def is_run_dir(path: Path) -> bool:
 def holds_run(path: Path) -> bool:
     """Whether a run was started in ``path`` (so a new one must not be written there)."""
     return any((path / name).exists() for name in ("config.json", "metrics.jsonl", "checkpoints"))
-
-
-def new_run_dir(env_id: str) -> Path:
-    """``runs/<env>-<time>``: where a run goes without ``--output``."""
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    return Path("runs") / f"{env_id.split(':')[-1].replace('/', '-')}-{stamp}"
 
 
 def episodes_done(checkpoint: Path) -> int:

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from gymnasium.vector import AutoresetMode, VectorEnv
 
-from textgym.spaces import ChatMessages
+from textgym.episodes import reply_choices, reply_schemas
 from textgym_agents.ppo.buffer import RolloutBuffer, Turn
 
 __all__ = ["EpisodeStats", "RolloutCollector", "as_vector_env", "reply_choices", "reply_schemas"]
@@ -29,37 +29,6 @@ def as_vector_env(env: gym.Env[Any, Any] | VectorEnv) -> VectorEnv:
     if isinstance(env, gym.Env):
         return gym.vector.SyncVectorEnv([lambda: env])
     raise TypeError(f"Expected a gymnasium Env or VectorEnv, got {type(env).__name__}")
-
-
-def reply_choices(envs: VectorEnv) -> list[list[str] | None] | None:
-    """Each env's valid replies (``reply_choices()`` of a text env), or None if none lists any.
-
-    Only text envs (chat-message observations) are asked: in an ``AsyncVectorEnv`` a failed
-    ``call`` shuts the workers down.
-    """
-    if not isinstance(getattr(envs, "single_observation_space", None), ChatMessages):
-        return None
-    try:
-        results = envs.call("reply_choices")
-    except AttributeError:  # a chat env that is not a TextEnvWrapper: free text only
-        return None
-    choices = [None if c is None else list(c) for c in results]
-    return choices if any(c is not None for c in choices) else None
-
-
-def reply_schemas(envs: VectorEnv) -> list[dict[str, Any] | None] | None:
-    """Each env's reply JSON schema (``envs.call("reply_schema")``), or None if no env has one.
-
-    Only text envs are asked (as in :func:`reply_choices`); a chat env that is not a
-    :class:`~textgym.wrappers.TextEnvWrapper` has none and gets free text.
-    """
-    if not isinstance(getattr(envs, "single_observation_space", None), ChatMessages):
-        return None
-    try:
-        schemas = list(envs.call("reply_schema"))
-    except AttributeError:
-        return None
-    return schemas if any(s is not None for s in schemas) else None
 
 
 @dataclass

@@ -7,8 +7,7 @@ import gymnasium as gym
 import pytest
 
 import textgym  # noqa: F401  (registers the textgym/ ids)
-from textgym import ChatAPIError, ChatCompletionsPolicy, TextEnvWrapper, evaluate_callable
-from textgym.loops import Episode
+from textgym import ChatAPIError, ChatCompletionsPolicy, Episode, TextEnvWrapper, evaluate_callable
 
 LAKE_PATH = ["right", "right", "down", "down", "down", "right"]
 
@@ -73,7 +72,8 @@ def test_evaluate_callable_is_the_plain_step_loop():
             messages, reward, terminated, truncated, info = env.step(policy(messages))
             total, invalid, length = total + reward, invalid + info["invalid"], length + 1
             done = terminated or truncated
-        expected.append(Episode(seed, total, length, invalid, info["is_success"], truncated))
+        success = info["is_success"]
+        expected.append(Episode(seed, total, length, invalid, success, truncated, index=seed - 3))
     assert result.episodes == expected
     assert result.mean_return == pytest.approx(sum(e.episode_return for e in expected) / 5)
     lengths = sum(e.length for e in expected)

@@ -1,0 +1,402 @@
+"""The one episode runner: a :class:`~textgym.policy.Policy` plays a text env, batched over envs.
+
+Evaluation, recording and the PPO evaluation all play through :func:`run_episodes` and get
+:class:`Episode` records; :func:`reply_choices` / :func:`reply_schemas` ask envs what they accept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, overload
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector import AutoresetMode, VectorEnv
+
+from textgym.checker import find_text_wrapper
+from textgym.policy import JSONSchema, Policy, as_policy
+from textgym.spaces import ChatMessages
+from textgym.wrappers import Messages
+
+__all__ = ["Episode", "Step", "reply_choices", "reply_schemas", "run_episodes"]
+
+
+@dataclass(frozen=True)
+class Step:
+    """One turn of an episode: the prompt, the reply to it and what the env made of it.
+
+    Attributes:
+        messages: The prompt the policy saw.
+        reply: The reply text sent to the env.
+        reward: The text env's reward (an invalid reply's penalty included).
+        invalid: Whether the env rejected the reply.
+        action: The env action the reply became (None when it was rejected and none was
+            taken in its place).
+    """
+
+    messages: Messages
+    reply: str
+    reward: float
+    invalid: bool
+    action: Any = None
+
+
+@dataclass(frozen=True)
+class Episode:
+    """One played episode.
+
+    Attributes:
+        seed: The seed of its reset (None: unseeded, or a vector env's later episode, which
+            continues its env's random state).
+        episode_return: Sum of the text env's rewards (invalid replies count with their penalty).
+        length: Replies sent (``env.step`` calls).
+        invalid: Replies the text env rejected.
+        success: The final step's ``is_success``, or None when the env does not report it.
+        truncated: Whether the episode was cut short rather than terminated.
+        index: Its number in the run: episode ``k`` of single envs was reset with ``seed + k``;
+            a vector env's episodes are numbered as they finish.
+        env_index: Which env (of a vector env or a list of envs) played it.
+        steps: Every turn, when the runner was asked to record them (else empty).
+    """
+
+    seed: int | None
+    episode_return: float
+    length: int
+    invalid: int
+    success: bool | None
+    truncated: bool
+    index: int = 0
+    env_index: int = 0
+    steps: tuple[Step, ...] = field(default=(), repr=False)
+
+
+@overload
+def reply_choices(env: VectorEnv) -> list[list[str] | None] | None: ...
+@overload
+def reply_choices(env: gym.Env[Any, Any]) -> list[str] | None: ...
+def reply_choices(env: gym.Env[Any, Any] | VectorEnv) -> Any:
+    """The valid replies of a text env (``reply_choices()``), or None when it takes free text.
+
+    For a vector env: each env's list (None for an env without one), or None when no env
+    lists any. Only text envs (chat-message observations) are asked: in an ``AsyncVectorEnv``
+    a failed ``call`` shuts the workers down.
+
+    Example:
+        >>> import textgym
+        >>> reply_choices(gym.make("textgym/Blackjack-v1"))
+        ['{"action": "stick"}', '{"action": "hit"}']
+        >>> reply_choices(gym.make_vec("textgym/Blackjack-v1", num_envs=2))[1]
+        ['{"action": "stick"}', '{"action": "hit"}']
+    """
+    if not isinstance(env, VectorEnv):
+        choices = _ask(env, "reply_choices")
+        return list(choices) if choices else None
+    results = _ask_all(env, "reply_choices")
+    if results is None:
+        return None
+    choices = [list(c) if c else None for c in results]
+    return choices if any(c is not None for c in choices) else None
+
+
+@overload
+def reply_schemas(env: VectorEnv) -> list[JSONSchema | None] | None: ...
+@overload
+def reply_schemas(env: gym.Env[Any, Any]) -> JSONSchema | None: ...
+def reply_schemas(env: gym.Env[Any, Any] | VectorEnv) -> Any:
+    """The reply JSON schema of a text env (``reply_schema()``), or None when it has none.
+
+    For a vector env: each env's schema, or None when no env has one (only text envs are
+    asked, as in :func:`reply_choices`).
+
+    Example:
+        >>> import textgym
+        >>> reply_schemas(gym.make("textgym/Blackjack-v1"))["properties"]["action"]["enum"]
+        ['stick', 'hit']
+    """
+    if not isinstance(env, VectorEnv):
+        return _ask(env, "reply_schema")
+    schemas = _ask_all(env, "reply_schema")
+    return schemas if schemas is not None and any(s is not None for s in schemas) else None
+
+
+def _ask(env: gym.Env[Any, Any], method: str) -> Any:
+    try:
+        wrapper = find_text_wrapper(env)
+    except ValueError:  # not a TextEnvWrapper: free text only
+        return None
+    return getattr(wrapper, method)()
+
+
+def _ask_all(envs: VectorEnv, method: str) -> list[Any] | None:
+    if not isinstance(getattr(envs, "single_observation_space", None), ChatMessages):
+        return None
+    try:
+        return list(envs.call(method))
+    except AttributeError:  # a chat env that is not a TextEnvWrapper: free text only
+        return None
+
+
+def run_episodes(
+    policy: Policy | Any,
+    env: gym.Env[Any, Any] | Sequence[gym.Env[Any, Any]] | VectorEnv,
+    n_episodes: int,
+    *,
+    seed: int | None = 0,
+    greedy: bool = False,
+    max_steps: int | None = None,
+    record_steps: bool = False,
+) -> Iterator[Episode]:
+    """Play ``n_episodes`` episodes with ``policy``, one ``act_batch`` call per step for all envs.
+
+    Each env's valid replies (``choices``) and reply schema (``schemas``) go to the policy when
+    it wants them (looked up once: they are fixed per env). Episodes are yielded as they end.
+
+    - A single env, or a list of envs played in lockstep: episode ``k`` is reset with
+      ``seed + k`` and played by the next free env, so the episodes do not depend on how many
+      envs play them.
+    - A vector env is used as it is (autoreset ``NEXT_STEP`` or ``SAME_STEP``): it is reset
+      once with ``seed`` (env ``i`` gets ``seed + i``) and, as in stable-baselines3's
+      ``evaluate_policy``, env ``i`` contributes a fixed share of the episodes, so short
+      episodes are not over-counted.
+
+    Args:
+        policy: A :class:`~textgym.policy.Policy`, or a callable ``messages -> reply``.
+        env: A text env, a list of text envs, or a text vector env.
+        n_episodes: Episodes to yield.
+        seed: Seed of the first reset (None: unseeded).
+        greedy: Passed to the policy's ``act_batch``.
+        max_steps: Replies after which an episode is stopped and counted as truncated (single
+            envs only; guards against envs without a time limit).
+        record_steps: Keep every turn in :attr:`Episode.steps`.
+
+    Yields:
+        One :class:`Episode` per finished episode, ``n_episodes`` in all.
+
+    Example:
+        >>> import textgym
+        >>> envs = gym.make_vec("textgym/Blackjack-v1", num_envs=2)
+        >>> episodes = list(run_episodes(lambda m: '{"action": "stick"}', envs, 4))
+        >>> [(e.env_index, e.length, e.invalid) for e in episodes]
+        [(0, 1, 0), (1, 1, 0), (0, 1, 0), (1, 1, 0)]
+    """
+    policy = as_policy(policy)
+    for name, value in [("n_episodes", n_episodes), ("max_steps", max_steps)]:
+        valid = isinstance(value, int) and not isinstance(value, bool) and value >= 1
+        if not (valid or (name == "max_steps" and value is None)):
+            raise ValueError(f"Expected {name} to be an int >= 1, got {value!r}")
+    lanes: _EnvLanes | _VectorLanes
+    if isinstance(env, VectorEnv):
+        if max_steps is not None:
+            raise ValueError("max_steps applies to single envs; give the vector env a time limit")
+        lanes = _VectorLanes(env, n_episodes, seed, record_steps)
+    else:
+        envs = [env] if isinstance(env, gym.Env) else list(env)
+        lanes = _EnvLanes(envs, n_episodes, seed, record_steps, max_steps)
+    while lanes.running():
+        active = lanes.active()
+        replies = _replies(policy, lanes, active, greedy) if active else []
+        yield from lanes.step(active, replies)
+
+
+def _replies(policy: Policy, lanes: Any, active: list[int], greedy: bool) -> list[str]:
+    kwargs: dict[str, Any] = {}
+    if policy.wants_choices and (choices := lanes.choices()) is not None:
+        kwargs["choices"] = [choices[i] for i in active]
+    if policy.wants_schemas and (schemas := lanes.schemas()) is not None:
+        kwargs["schemas"] = [schemas[i] for i in active]
+    replies = policy.act_batch([lanes.messages[i] for i in active], greedy=greedy, **kwargs)
+    if isinstance(replies, str) or len(replies) != len(active):
+        raise ValueError(
+            f"Expected the policy's act_batch() to return a list of {len(active)} replies for "
+            f"a batch of {len(active)} conversations, got {replies!r:.200}"
+        )
+    for reply in replies:
+        if not isinstance(reply, str):
+            raise TypeError(f"The policy must return the reply as str, got {type(reply).__name__}")
+    return list(replies)
+
+
+@dataclass
+class _Open:
+    """An episode being played."""
+
+    index: int
+    seed: int | None
+    total: float = 0.0
+    length: int = 0
+    invalid: int = 0
+    steps: list[Step] | None = None
+
+    def add(self, messages: Messages, reply: str, reward: float, info: dict[str, Any]) -> None:
+        invalid = bool(info.get("invalid", False))
+        self.total += reward
+        self.length += 1
+        self.invalid += invalid
+        if self.steps is not None:
+            step = Step(messages, reply, reward, invalid, info.get("env_action"))
+            self.steps.append(step)
+
+    def close(self, success: Any, truncated: bool, env_index: int, index: int) -> Episode:
+        return Episode(
+            seed=self.seed,
+            episode_return=self.total,
+            length=self.length,
+            invalid=self.invalid,
+            success=None if success is None else bool(success),
+            truncated=truncated,
+            index=index,
+            env_index=env_index,
+            steps=tuple(self.steps or ()),
+        )
+
+
+class _EnvLanes:
+    """Single envs stepped one by one; each free env starts the next seeded episode."""
+
+    def __init__(
+        self,
+        envs: list[gym.Env[Any, Any]],
+        n_episodes: int,
+        seed: int | None,
+        record_steps: bool,
+        max_steps: int | None,
+    ) -> None:
+        for env in envs:
+            if not isinstance(env, gym.Env):
+                raise TypeError(f"Expected a text env or a vector env, got {type(env).__name__}")
+        self.envs, self.n_episodes, self.seed = envs, n_episodes, seed
+        self.record_steps, self.max_steps = record_steps, max_steps
+        self.open: list[_Open | None] = [None] * len(envs)
+        self.messages: list[Messages] = [[] for _ in envs]
+        self.started = 0
+        self._choices: Any = False  # looked up when first needed
+        self._schemas: Any = False
+        for i in range(len(envs)):
+            self._start(i)
+
+    def _start(self, i: int) -> None:
+        self.open[i] = None
+        if self.started < self.n_episodes:
+            seed = None if self.seed is None else self.seed + self.started
+            self.messages[i], _ = self.envs[i].reset(seed=seed)
+            self.open[i] = _Open(self.started, seed, steps=[] if self.record_steps else None)
+            self.started += 1
+
+    def running(self) -> bool:
+        return any(o is not None for o in self.open)
+
+    def active(self) -> list[int]:
+        return [i for i, o in enumerate(self.open) if o is not None]
+
+    def choices(self) -> list[list[str] | None] | None:
+        if self._choices is False:
+            found = [reply_choices(env) for env in self.envs]
+            self._choices = found if any(c is not None for c in found) else None
+        return self._choices  # type: ignore[no-any-return]
+
+    def schemas(self) -> list[JSONSchema | None] | None:
+        if self._schemas is False:
+            found = [reply_schemas(env) for env in self.envs]
+            self._schemas = found if any(s is not None for s in found) else None
+        return self._schemas  # type: ignore[no-any-return]
+
+    def step(self, active: list[int], replies: list[str]) -> list[Episode]:
+        finished = []
+        for i, reply in zip(active, replies, strict=True):
+            episode = self.open[i]
+            assert episode is not None
+            messages, reward, terminated, truncated, info = self.envs[i].step(reply)
+            episode.add(self.messages[i], reply, float(reward), info)
+            self.messages[i] = messages
+            cut = self.max_steps is not None and episode.length >= self.max_steps
+            truncated = bool(truncated) or (cut and not terminated)
+            if terminated or truncated:
+                finished.append(episode.close(info.get("is_success"), truncated, i, episode.index))
+                self._start(i)
+        return finished
+
+
+def _info_at(infos: dict[str, Any], key: str, index: int) -> Any:
+    """Env ``index``'s value of ``key`` in a vector env's batched infos (None if it has none)."""
+    if key in infos and infos.get(f"_{key}", np.ones(index + 1, bool))[index]:
+        return _pick(infos[key], index)
+    return None
+
+
+def _pick(value: Any, index: int) -> Any:
+    # Vector envs batch a dict-valued info key (a Dict action, say) into a dict of arrays.
+    if isinstance(value, dict):
+        return {k: _pick(v, index) for k, v in value.items() if not k.startswith("_")}
+    return value[index]
+
+
+class _VectorLanes:
+    """A vector env with autoreset; env ``i`` contributes its fixed share of the episodes."""
+
+    def __init__(self, envs: VectorEnv, n_episodes: int, seed: int | None, record: bool) -> None:
+        mode = envs.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP)
+        self.mode = AutoresetMode(mode) if isinstance(mode, str) else mode
+        if self.mode == AutoresetMode.DISABLED:
+            raise ValueError(
+                "Vector envs with autoreset_mode=DISABLED are not supported; use NEXT_STEP "
+                "(Gymnasium's default) or SAME_STEP"
+            )
+        n = envs.num_envs
+        self.envs, self.record = envs, record
+        self.targets = [(n_episodes + i) // n for i in range(n)]
+        self.counted = [0] * n
+        self.finished = 0
+        observations, _ = envs.reset(seed=seed)
+        self.messages: list[Messages] = list(observations)
+        self.open = [self._new(None if seed is None else seed + i) for i in range(n)]
+        self.resetting = np.zeros(n, dtype=bool)  # NEXT_STEP: this env's next step is a reset
+        self._choices: Any = False
+        self._schemas: Any = False
+
+    def _new(self, seed: int | None) -> _Open:
+        return _Open(-1, seed, steps=[] if self.record else None)
+
+    def running(self) -> bool:
+        return any(c < t for c, t in zip(self.counted, self.targets, strict=True))
+
+    def active(self) -> list[int]:
+        return [i for i in range(self.envs.num_envs) if not self.resetting[i]]
+
+    def choices(self) -> list[list[str] | None] | None:
+        if self._choices is False:
+            self._choices = reply_choices(self.envs)
+        return self._choices  # type: ignore[no-any-return]
+
+    def schemas(self) -> list[JSONSchema | None] | None:
+        if self._schemas is False:
+            self._schemas = reply_schemas(self.envs)
+        return self._schemas  # type: ignore[no-any-return]
+
+    def step(self, active: list[int], replies: list[str]) -> list[Episode]:
+        actions = [""] * self.envs.num_envs  # ignored by the envs that are resetting
+        for i, reply in zip(active, replies, strict=True):
+            actions[i] = reply
+        observations, rewards, terminations, truncations, infos = self.envs.step(actions)
+        finished = []
+        for i in active:
+            done = bool(terminations[i] or truncations[i])
+            # SAME_STEP: a finished env has already reset; its last step's info is final_info.
+            same_step = done and self.mode == AutoresetMode.SAME_STEP
+            step_infos = infos.get("final_info", infos) if same_step else infos
+            keys = ("invalid", "is_success", "env_action")[: 3 if self.record else 2]
+            info = {key: _info_at(step_infos, key, i) for key in keys}
+            episode = self.open[i]
+            episode.add(self.messages[i], actions[i], float(rewards[i]), info)
+            if done:
+                truncated = bool(truncations[i]) and not bool(terminations[i])
+                if self.counted[i] < self.targets[i]:
+                    self.counted[i] += 1
+                    success = info["is_success"]
+                    finished.append(episode.close(success, truncated, i, self.finished))
+                    self.finished += 1
+                self.open[i] = self._new(None)
+        if self.mode == AutoresetMode.NEXT_STEP:
+            self.resetting = np.logical_or(terminations, truncations)
+        self.messages = list(observations)
+        return finished
