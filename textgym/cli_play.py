@@ -207,10 +207,10 @@ def run_play(args: argparse.Namespace) -> int:
                     return 0
             else:
                 time.sleep(args.delay)
-                kwargs = {"choices": choices} if policy.wants_choices else {}
-                if getattr(policy, "wants_schemas", False):
-                    kwargs["schemas"] = env.get_wrapper_attr("reply_schema")()
-                reply = policy.act(messages, greedy=not args.sample, **kwargs)
+                kwargs = {"choices": [choices]} if policy.wants_choices else {}
+                if policy.wants_schemas:
+                    kwargs["schemas"] = [env.get_wrapper_attr("reply_schema")()]
+                reply = policy.act_batch([messages], greedy=not args.sample, **kwargs)[0]
                 _show({"role": "assistant", "content": reply})
             messages, reward, terminated, truncated, step_info = env.step(reply)
             total += float(reward)

@@ -29,9 +29,9 @@ not_a_command = object()
 class Sticky:
     """Always replies the first valid reply."""
     wants_choices = True
-    def act(self, messages, greedy=True, choices=None):
-        batch = isinstance(messages[0], list)  # record asks for a batch, play for one reply
-        return [options[0] for options in choices] if batch else choices[0]
+    wants_schemas = False
+    def act_batch(self, batch, *, choices=None, schemas=None, greedy=False):
+        return [options[0] for options in choices]
 
 class Loader:
     def run_info(self, target):
