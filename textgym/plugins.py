@@ -132,9 +132,10 @@ class PolicyLoader(Protocol):
     def load(self, target: str, env: gym.Env[Any, Any]) -> tuple[Any, str]:
         """``(policy, label)`` for ``env``; ``label`` names it in the command's output.
 
-        The policy is what ``play`` and :func:`~textgym.recording.record_trajectories` take:
-        ``act(messages, greedy=...)`` for one conversation or a batch, given ``choices=`` when
-        its ``wants_choices`` is true (``schemas=`` when ``wants_schemas`` is).
+        The policy is a :class:`textgym.policy.Policy` (what ``play`` and
+        :func:`~textgym.recording.record_trajectories` call): ``act_batch(batch, choices=...,
+        schemas=..., greedy=...)``, given the valid replies when its ``wants_choices`` is true
+        and the reply schemas when ``wants_schemas`` is.
         """
         ...
 
