@@ -31,7 +31,6 @@ from textgym.cli_common import (
     write_run_info,
 )
 from textgym.plugins import FunctionCommand
-from textgym_agents.checkpoint import default_run_dir
 from textgym_agents.cli.common import from_pretrained, import_agents
 from textgym_agents.cli.config import add_config_flags, flag_values, read_config_file
 from textgym_agents.cli.evaluate import EVAL_SEED, evaluate_policy, format_table
@@ -214,6 +213,8 @@ def _plan(args: argparse.Namespace, config_cls: Any) -> _Plan:
     elif run_dir is not None:
         out = run_dir
     else:
+        from textgym_agents.checkpoint import default_run_dir  # imports torch: not for --help
+
         out = default_run_dir(env_id)
     if out != run_dir and holds_run(out):
         raise CLIError(
