@@ -7,7 +7,6 @@ import torch
 import textgym  # noqa: F401
 from textgym_agents import PPOConfig, PPOPolicy, PPOTrainer
 from textgym_agents.models import resolve_precision
-from textgym_agents.ppo import core
 from textgym_agents.precision import (
     BF16_MIN_SPEEDUP,
     Precision,
@@ -88,16 +87,9 @@ def test_bf16_model_keeps_trainable_weights_in_fp32():
     ("decoding", "reuse", "atol"),
     [("free", True, 0.0), ("choices", False, 0.0), ("choices", True, 0.05)],
 )
-def test_bf16_first_ratio_is_one(decoding, reuse, atol, monkeypatch):
+def test_bf16_first_ratio_is_one(decoding, reuse, atol, policy_loss_calls):
     """Old and new log-probs in bf16: exact from one layout; reused rollout scores within 0.05."""
-    calls = []
-    original = core.policy_loss
-
-    def spy(per_token_logps, old_per_token_logps, *args, **kwargs):
-        calls.append((per_token_logps.detach().clone(), old_per_token_logps.clone(), args[1]))
-        return original(per_token_logps, old_per_token_logps, *args, **kwargs)
-
-    monkeypatch.setattr(core, "policy_loss", spy)
+    calls = policy_loss_calls
     policy = bf16_policy(decoding=decoding, reuse_rollout_scores=reuse, max_new_tokens=4)
     trainer = PPOTrainer(policy, gym.make_vec("textgym/Blackjack-v1", num_envs=4))
     metrics = trainer.update(trainer.collect())

@@ -8,7 +8,6 @@ import torch
 import textgym  # noqa: F401
 from textgym import TextEnvWrapper
 from textgym_agents import PPOConfig, PPOPolicy, PPOTrainer, RolloutBuffer, Turn
-from textgym_agents.ppo import core
 from textgym_agents.testing import PayingChoice, tiny_model, word_tokenizer
 
 WORDS = ["yes", "no", "maybe", "ok", "red", "green", "blue", "gray"]
@@ -37,15 +36,8 @@ def policy():
     return PPOPolicy(model, tokenizer, config=small_config())
 
 
-def test_first_minibatch_ratio_is_exactly_one(policy, monkeypatch):
-    calls = []
-    original = core.policy_loss
-
-    def spy(per_token_logps, old_per_token_logps, *args, **kwargs):
-        calls.append((per_token_logps.detach().clone(), old_per_token_logps.clone(), args[1]))
-        return original(per_token_logps, old_per_token_logps, *args, **kwargs)
-
-    monkeypatch.setattr(core, "policy_loss", spy)
+def test_first_minibatch_ratio_is_exactly_one(policy, policy_loss_calls):
+    calls = policy_loss_calls
     trainer = PPOTrainer(policy, gym.make_vec("textgym/Blackjack-v1", num_envs=4))
     trainer.update(trainer.collect())
     new, old, mask = calls[0]
@@ -253,15 +245,7 @@ def choice_policy(**overrides):
     return PPOPolicy(model, tokenizer, config=small_config(decoding="choices", **overrides))
 
 
-def first_ratio_logps(policy, monkeypatch):
-    calls = []
-    original = core.policy_loss
-
-    def spy(per_token_logps, old_per_token_logps, *args, **kwargs):
-        calls.append((per_token_logps.detach().clone(), old_per_token_logps.clone(), args[1]))
-        return original(per_token_logps, old_per_token_logps, *args, **kwargs)
-
-    monkeypatch.setattr(core, "policy_loss", spy)
+def first_ratio_logps(policy, calls):
     trainer = PPOTrainer(policy, gym.make_vec("textgym/Blackjack-v1", num_envs=4))
     trainer.update(trainer.collect())
     new, old, mask = calls[0]
@@ -269,15 +253,15 @@ def first_ratio_logps(policy, monkeypatch):
     return new * mask, old * mask
 
 
-def test_choices_reuse_rollout_scores_first_ratio_is_one(monkeypatch):
-    new, old = first_ratio_logps(choice_policy(), monkeypatch)
+def test_choices_reuse_rollout_scores_first_ratio_is_one(policy_loss_calls):
+    new, old = first_ratio_logps(choice_policy(), policy_loss_calls)
     # The rollout batch differs from the training micro-batch (other rows, other shared
     # prefix), so the same computation agrees to float32 rounding, not bit for bit.
     torch.testing.assert_close(new, old, atol=1e-5, rtol=0)
 
 
-def test_choices_rescored_first_ratio_is_exactly_one(monkeypatch):
-    new, old = first_ratio_logps(choice_policy(reuse_rollout_scores=False), monkeypatch)
+def test_choices_rescored_first_ratio_is_exactly_one(policy_loss_calls):
+    new, old = first_ratio_logps(choice_policy(reuse_rollout_scores=False), policy_loss_calls)
     assert torch.equal(new, old)
 
 
