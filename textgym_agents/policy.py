@@ -31,7 +31,7 @@ from textgym_agents.choices import choice_token_ids
 from textgym_agents.constrained import GrammarCompiler, decoding_mode
 from textgym_agents.models import load_model, resolve_precision
 from textgym_agents.ppo.config import PPOConfig
-from textgym_agents.prefix import generation_inputs
+from textgym_agents.shared_prefix import generation_inputs
 from textgym_agents.scoring import PolicyScoring, Scores
 
 __all__ = ["Generation", "PPOPolicy", "Scores"]
