@@ -13,7 +13,8 @@ if TYPE_CHECKING:
     from textgym_agents.agent import Agent
     from textgym_agents.evaluation import evaluate
     from textgym_agents.exceptions import EnvFault, NonFiniteUpdateError, PeerFailure, SIGTERMExit
-    from textgym_agents.policy import Generation, PPOPolicy
+    from textgym_agents.generation import Generation
+    from textgym_agents.policy import PPOPolicy
     from textgym_agents.ppo.buffer import RolloutBuffer, Turn
     from textgym_agents.ppo.config import PPOConfig
     from textgym_agents.ppo.trainer import PPOTrainer
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
 _EXPORTS = {
     "Agent": "textgym_agents.agent",
     "EnvFault": "textgym_agents.exceptions",
-    "Generation": "textgym_agents.policy",
+    "Generation": "textgym_agents.generation",
     "NonFiniteUpdateError": "textgym_agents.exceptions",
     "PPOConfig": "textgym_agents.ppo.config",
     "PPOPolicy": "textgym_agents.policy",

@@ -1,16 +1,15 @@
 """``PPOPolicy``: chat messages in, reply text out — an LLM with a LoRA adapter and a value head.
 
 The policy only sees text, so it works with every textgym env. Generation is batched (left
-padding, KV cache), optionally restricted to the env's reply grammar (constrained decoding), or,
-with choice decoding, picks one of the env's valid replies by scoring them all; scoring for
-training lives in :mod:`textgym_agents.scoring`.
+padding, KV cache; :mod:`textgym_agents.generation`), optionally restricted to the env's reply
+grammar (constrained decoding), or, with choice decoding, picks one of the env's valid replies by
+scoring them all; scoring for training lives in :mod:`textgym_agents.scoring`, the saved files
+in :mod:`textgym_agents.policy_files`.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,43 +17,20 @@ import torch
 from peft import PeftModel
 from torch import nn
 
-from textgym_agents.adapters import ValueHead, attach_lora, hidden_size_of, load_adapter
-from textgym_agents.atomic import (
-    atomic_directory,
-    atomic_write_json,
-    load_tensors,
-    save_tensors,
-)
+from textgym_agents.adapters import ValueHead, attach_lora, hidden_size_of
 from textgym_agents.attention import use_gqa_attention
 from textgym_agents.checkpoint import default_run_dir
 from textgym_agents.choices import choice_token_ids
 from textgym_agents.constrained import GrammarCompiler, decoding_mode
+from textgym_agents.generation import Generation, generate_text
 from textgym_agents.models import load_model, resolve_precision
+from textgym_agents.policy_files import load_policy_parts, save_policy, save_policy_files
 from textgym_agents.ppo.config import PPOConfig
-from textgym_agents.prefix import generation_inputs
 from textgym_agents.scoring import PolicyScoring, Scores
 
 __all__ = ["Generation", "PPOPolicy", "Scores"]
 
 Messages = Sequence[dict[str, str]]
-POLICY_FILE = "policy.json"
-VALUE_HEAD_FILE = "value_head.safetensors"
-ADAPTER_DIR = "adapter"
-
-
-@dataclass
-class Generation:
-    """Replies of one batched generation call, with the token ids training needs."""
-
-    prompt_ids: list[list[int]]
-    response_ids: list[list[int]]
-    texts: list[str]
-    # Choice decoding: every row's choices (token ids); the response is one of them.
-    choice_ids: list[list[list[int]]] | None = None
-    # Choice decoding: each row's log-prob of its reply under the distribution over its
-    # choices, and the value of its prompt, as training's scoring pass computes them.
-    logps: list[float] | None = None
-    values: list[float] | None = None
 
 
 class PPOPolicy(PolicyScoring):
@@ -199,34 +175,21 @@ class PPOPolicy(PolicyScoring):
         mode = decoding_mode(config.decoding, len(prompts), choices, schemas)
         if mode == "choices":
             return self._choose(prompts, choices, greedy)  # type: ignore[arg-type]
-        pad, budget = self.tokenizer.pad_token_id, max_new_tokens or config.max_new_tokens
-        input_ids, attention_mask, extra = generation_inputs(self.model, prompts, pad=pad)
+        budget = max_new_tokens or config.max_new_tokens
         grammar = None
-        if mode == "constrained":  # stop strings end a reply only where the grammar accepts
+        if mode == "constrained":
             compiler = self._grammar_compiler()
             grammar = compiler.mask(schemas, self._prefix_ids(), config.stop_strings, budget)  # type: ignore[arg-type]
-            extra["logits_processor"] = [grammar]
-        elif config.stop_strings:
-            extra.update(stop_strings=config.stop_strings, tokenizer=self.tokenizer)
-        sampling: dict[str, Any] = {"do_sample": False, "top_k": None}
-        if not greedy:
-            sampling = {"do_sample": True, "temperature": config.temperature}
-            sampling.update(top_p=config.top_p, top_k=config.top_k or None)
-        output = self.model.generate(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
+        return generate_text(
+            self.model,
+            self.tokenizer,
+            prompts,
+            config,
+            eos_ids=self.eos_ids,
             max_new_tokens=budget,
-            pad_token_id=pad,
-            eos_token_id=sorted(self.eos_ids),
-            use_cache=True,
-            **sampling,
-            **extra,
+            greedy=greedy,
+            grammar=grammar,
         )
-        rows = [row[input_ids.shape[1] :].tolist() for row in output.cpu()]
-        responses = grammar.replies(rows, self._cut) if grammar else [self._cut(r) for r in rows]
-        texts = self.tokenizer.batch_decode(responses, skip_special_tokens=True)
-        prefix = config.reply_prefix
-        return Generation(prompts, responses, [prefix + text for text in texts])
 
     def _grammar_compiler(self) -> GrammarCompiler:
         if self._grammars is None:
@@ -302,21 +265,6 @@ class PPOPolicy(PolicyScoring):
             values=scores.values.float().tolist(),  # type: ignore[union-attr]
         )
 
-    def _cut(self, tokens: list[int]) -> list[int]:
-        """The tokens the model actually sampled: up to EOS or the first stop string (kept).
-
-        A sequence that stops early is padded; when the pad token is also EOS, the padding
-        after a stop string must not be mistaken for a sampled EOS. Tokens after a stop
-        string (if generation ran on) are dropped, as if it had stopped there.
-        """
-        stops = self.config.stop_strings
-        for i, token in enumerate(tokens):
-            if stops and _has_stop(self.tokenizer.decode(tokens[: i + 1]), stops):
-                return tokens[: i + 1]
-            if token in self.eos_ids:
-                return tokens[: i + 1]
-        return tokens
-
     # --- training ----------------------------------------------------------------------------
 
     def learn(
@@ -348,27 +296,15 @@ class PPOPolicy(PolicyScoring):
         trainer = PPOTrainer(self, envs, output_dir=output_dir)
         return trainer.train(total_episodes, resume_from=resume_from, callback=callback)
 
-    # --- persistence -------------------------------------------------------------------------
+    # --- persistence (files: textgym_agents.policy_files) ----------------------------------
 
     def save(self, path: str | Path) -> Path:
         """Write the adapter (peft format), the value head and the config, atomically."""
-        path = Path(path)
-        with atomic_directory(path) as tmp:
-            self.save_files(tmp)
-        return path
+        return save_policy(self, path)
 
     def save_files(self, directory: Path) -> None:
         """Write the policy files into an existing directory (used inside checkpoints)."""
-        if not self.base_info.get("name_or_path"):
-            raise ValueError(
-                "The base model has no name or path to reload it from; save it first "
-                "(model.save_pretrained(dir)) and build the policy with "
-                "PPOPolicy.from_pretrained(dir)"
-            )
-        self.model.save_pretrained(directory / ADAPTER_DIR)
-        save_tensors(directory / VALUE_HEAD_FILE, dict(self.value_head.state_dict()))
-        info = {"base": self.base_info, "config": self.config.to_dict(), "format": 1}
-        atomic_write_json(directory / POLICY_FILE, info)
+        save_policy_files(self, directory)
 
     @classmethod
     def load(
@@ -379,33 +315,19 @@ class PPOPolicy(PolicyScoring):
         dtype: str | torch.dtype | None = None,
     ) -> PPOPolicy:
         """Load a policy written by :meth:`save` (or a checkpoint directory)."""
-        path = Path(path)
-        if not (path / POLICY_FILE).is_file():
-            raise FileNotFoundError(f"{path} is not a saved policy: {POLICY_FILE} is missing")
-        info = json.loads((path / POLICY_FILE).read_text())
-        base = info.get("base", {})
-        model, tokenizer = load_model(
-            base.get("name_or_path"),
-            gguf_file=base.get("gguf_file"),
-            dtype=dtype or base.get("dtype"),
-            device=device,
+        parts = load_policy_parts(path, device=device, dtype=dtype)
+        return cls(
+            parts.model,
+            parts.tokenizer,
+            parts.value_head,
+            config=parts.config,
+            base_info=parts.base_info,
         )
-        peft_model = load_adapter(model, path / ADAPTER_DIR)
-        value_head = ValueHead(hidden_size_of(peft_model))
-        value_head.load_state_dict(
-            {k: v.float() for k, v in load_tensors(path / VALUE_HEAD_FILE).items()}
-        )
-        config = PPOConfig.from_dict(info.get("config", {}))
-        return cls(peft_model, tokenizer, value_head, config=config, base_info=base)
 
 
 def _default_run_dir(envs: Any) -> Path:
     spec = getattr(envs, "spec", None)
     return default_run_dir(spec.id if spec is not None else None)
-
-
-def _has_stop(text: str, stops: Sequence[str]) -> bool:
-    return any(stop in text for stop in stops)
 
 
 def _is_conversation(value: Any) -> bool:

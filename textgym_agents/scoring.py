@@ -20,7 +20,7 @@ from torch import nn
 from textgym_agents.choices import ChoiceScores, merge_rows, score_choices
 from textgym_agents.constrained import allowed_tokens, mask_logits
 from textgym_agents.ppo.core import entropy, logprobs_from_logits
-from textgym_agents.prefix import continue_tree, decoder_hidden_states, run_rows
+from textgym_agents.shared_prefix import continue_tree, decoder_hidden_states, run_rows
 
 __all__ = ["PolicyScoring", "Scores"]
 

@@ -1,0 +1,123 @@
+"""Free and grammar-constrained text generation for :class:`~textgym_agents.policy.PPOPolicy`.
+
+One batched ``model.generate()`` call over left-padded prompts that share a cached prefix, and
+the cut of each row back to the tokens the model actually sampled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from textgym_agents.constrained import GrammarMask
+from textgym_agents.ppo.config import PPOConfig
+from textgym_agents.shared_prefix import generation_inputs
+
+__all__ = ["Generation", "cut_reply", "generate_text"]
+
+
+@dataclass
+class Generation:
+    """Replies of one batched generation call, with the token ids training needs."""
+
+    prompt_ids: list[list[int]]
+    response_ids: list[list[int]]
+    texts: list[str]
+    # Choice decoding: every row's choices (token ids); the response is one of them.
+    choice_ids: list[list[list[int]]] | None = None
+    # Choice decoding: each row's log-prob of its reply under the distribution over its
+    # choices, and the value of its prompt, as training's scoring pass computes them.
+    logps: list[float] | None = None
+    values: list[float] | None = None
+
+
+@torch.no_grad()
+def generate_text(
+    model: nn.Module,
+    tokenizer: Any,
+    prompts: list[list[int]],
+    config: PPOConfig,
+    *,
+    eos_ids: set[int],
+    max_new_tokens: int,
+    greedy: bool = False,
+    grammar: GrammarMask | None = None,
+) -> Generation:
+    """Sample (or greedily pick) one reply per prompt in one ``generate()`` call.
+
+    Args:
+        model: The causal LM (the policy's PeftModel).
+        tokenizer: Its tokenizer; its pad token pads the batch.
+        prompts: Token ids of each row's prompt (chat prompt, then the reply prefix).
+        config: Sampling settings (temperature, top-p/k), ``stop_strings`` and
+            ``reply_prefix``, which starts every returned text.
+        eos_ids: Token ids that end a reply.
+        max_new_tokens: Token budget of a reply.
+        greedy: Pick the most likely token at each step instead of sampling.
+        grammar: Constrained decoding: the mask restricting each row to its reply grammar
+            (built with the same ``max_new_tokens``); None for free text.
+
+    Returns:
+        The prompts, each row's reply tokens (up to EOS or a stop string) and texts.
+    """
+    pad = tokenizer.pad_token_id
+    input_ids, attention_mask, extra = generation_inputs(model, prompts, pad=pad)
+    if grammar is not None:  # stop strings end a reply only where the grammar accepts
+        extra["logits_processor"] = [grammar]
+    elif config.stop_strings:
+        extra.update(stop_strings=config.stop_strings, tokenizer=tokenizer)
+    sampling: dict[str, Any] = {"do_sample": False, "top_k": None}
+    if not greedy:
+        sampling = {"do_sample": True, "temperature": config.temperature}
+        sampling.update(top_p=config.top_p, top_k=config.top_k or None)
+    output = model.generate(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        max_new_tokens=max_new_tokens,
+        pad_token_id=pad,
+        eos_token_id=sorted(eos_ids),
+        use_cache=True,
+        **sampling,
+        **extra,
+    )
+    rows = [row[input_ids.shape[1] :].tolist() for row in output.cpu()]
+
+    def cut(tokens: list[int]) -> list[int]:
+        return cut_reply(tokens, tokenizer, eos_ids, config.stop_strings)
+
+    responses = grammar.replies(rows, cut) if grammar is not None else [cut(r) for r in rows]
+    texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
+    prefix = config.reply_prefix
+    return Generation(prompts, responses, [prefix + text for text in texts])
+
+
+def cut_reply(
+    tokens: list[int], tokenizer: Any, eos_ids: set[int], stop_strings: Sequence[str] = ()
+) -> list[int]:
+    """The tokens the model actually sampled: up to EOS or the first stop string (kept).
+
+    A sequence that stops early is padded; when the pad token is also EOS, the padding
+    after a stop string must not be mistaken for a sampled EOS. Tokens after a stop
+    string (if generation ran on) are dropped, as if it had stopped there.
+
+    Example:
+        >>> from textgym_agents.testing import tiny_model
+        >>> _, tokenizer = tiny_model()
+        >>> eos = tokenizer.eos_token_id
+        >>> cut_reply([5, 6, eos, eos], tokenizer, {eos}) == [5, 6, eos]
+        True
+    """
+    for i, token in enumerate(tokens):
+        if stop_strings and _has_stop(tokenizer.decode(tokens[: i + 1]), stop_strings):
+            return tokens[: i + 1]
+        if token in eos_ids:
+            return tokens[: i + 1]
+    return tokens
+
+
+def _has_stop(text: str, stops: Sequence[str]) -> bool:
+    return any(stop in text for stop in stops)

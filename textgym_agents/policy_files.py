@@ -1,0 +1,124 @@
+"""A saved :class:`~textgym_agents.policy.PPOPolicy` on disk: writing and reading its files.
+
+A policy directory holds the LoRA adapter (peft format), the fp32 value head and
+``policy.json`` (how to reload the base model, the config); checkpoints embed the same files.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import torch
+from torch import nn
+
+from textgym_agents.adapters import ValueHead, hidden_size_of, load_adapter
+from textgym_agents.atomic import atomic_directory, atomic_write_json, load_tensors, save_tensors
+from textgym_agents.models import load_model
+from textgym_agents.ppo.config import PPOConfig
+
+if TYPE_CHECKING:
+    from textgym_agents.policy import PPOPolicy
+
+__all__ = [
+    "ADAPTER_DIR",
+    "POLICY_FILE",
+    "VALUE_HEAD_FILE",
+    "PolicyParts",
+    "load_policy_parts",
+    "save_policy",
+    "save_policy_files",
+]
+
+POLICY_FILE = "policy.json"
+VALUE_HEAD_FILE = "value_head.safetensors"
+ADAPTER_DIR = "adapter"
+
+
+class PolicyParts(NamedTuple):
+    """What :func:`load_policy_parts` reads: the arguments that rebuild a ``PPOPolicy``."""
+
+    model: nn.Module  # the base model with the saved adapter (a PeftModel)
+    tokenizer: Any
+    value_head: ValueHead
+    config: PPOConfig
+    base_info: dict[str, Any]
+
+
+def save_policy(policy: PPOPolicy, path: str | Path) -> Path:
+    """Write ``policy``'s files into a new directory ``path``, atomically.
+
+    Args:
+        policy: The policy to save.
+        path: The directory to create (replaced whole if it exists).
+
+    Returns:
+        ``path`` as a Path.
+    """
+    path = Path(path)
+    with atomic_directory(path) as tmp:
+        save_policy_files(policy, tmp)
+    return path
+
+
+def save_policy_files(policy: PPOPolicy, directory: Path) -> None:
+    """Write the adapter, the value head and ``policy.json`` into an existing directory.
+
+    Args:
+        policy: The policy to save; its ``base_info`` must name the base model.
+        directory: Where the files go (a checkpoint writes them beside its own).
+
+    Raises:
+        ValueError: When the base model has no name or path to reload it from.
+    """
+    if not policy.base_info.get("name_or_path"):
+        raise ValueError(
+            "The base model has no name or path to reload it from; save it first "
+            "(model.save_pretrained(dir)) and build the policy with "
+            "PPOPolicy.from_pretrained(dir)"
+        )
+    policy.model.save_pretrained(directory / ADAPTER_DIR)
+    save_tensors(directory / VALUE_HEAD_FILE, dict(policy.value_head.state_dict()))
+    info = {"base": policy.base_info, "config": policy.config.to_dict(), "format": 1}
+    atomic_write_json(directory / POLICY_FILE, info)
+
+
+def load_policy_parts(
+    path: str | Path,
+    *,
+    device: str | torch.device | None = None,
+    dtype: str | torch.dtype | None = None,
+) -> PolicyParts:
+    """Read a directory written by :func:`save_policy` (or a checkpoint directory).
+
+    Args:
+        path: The policy or checkpoint directory.
+        device: Device of the base model (default CUDA when present, else CPU).
+        dtype: Compute dtype of the base model; None: the one it was saved with.
+
+    Returns:
+        The base model with the adapter, its tokenizer, the value head (fp32), the config and
+        the base model's reload info.
+
+    Raises:
+        FileNotFoundError: When ``path`` holds no ``policy.json``.
+    """
+    path = Path(path)
+    if not (path / POLICY_FILE).is_file():
+        raise FileNotFoundError(f"{path} is not a saved policy: {POLICY_FILE} is missing")
+    info = json.loads((path / POLICY_FILE).read_text())
+    base = info.get("base", {})
+    model, tokenizer = load_model(
+        base.get("name_or_path"),
+        gguf_file=base.get("gguf_file"),
+        dtype=dtype or base.get("dtype"),
+        device=device,
+    )
+    peft_model = load_adapter(model, path / ADAPTER_DIR)
+    value_head = ValueHead(hidden_size_of(peft_model))
+    value_head.load_state_dict(
+        {k: v.float() for k, v in load_tensors(path / VALUE_HEAD_FILE).items()}
+    )
+    config = PPOConfig.from_dict(info.get("config", {}))
+    return PolicyParts(peft_model, tokenizer, value_head, config, base)
