@@ -109,12 +109,12 @@ def main() -> None:
         order = trainer.rng.permutation(len(turns))
         counter.phase = "score"
         start = time.perf_counter()
-        trainer._score(turns, order)
-        trainer._advantages(buffer)
+        trainer.score(turns, order)
+        trainer.compute_advantages(buffer)
         seconds["score"] += time.perf_counter() - start
         counter.phase = "optimise"
         start = time.perf_counter()
-        trainer._optimise(turns, order)
+        trainer.optimise(turns, order)
         seconds["optimise"] += time.perf_counter() - start
         buffer.clear()
         trainer.collector.drain()

@@ -254,8 +254,8 @@ def test_kl_to_reference_with_choices():
     for _ in range(2):
         trainer.update(trainer.collect())
     buffer = trainer.collect()
-    trainer._score(buffer.turns(), np.arange(len(buffer)))
-    trainer._advantages(buffer)
+    trainer.score(buffer.turns(), np.arange(len(buffer)))
+    trainer.compute_advantages(buffer)
     assert any(abs(t.kl) > 0 for t in buffer)
 
 

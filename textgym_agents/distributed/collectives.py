@@ -1,7 +1,7 @@
 """Collectives of a data-parallel run under ``accelerate launch``: the processes act as one.
 
-:class:`Distributed` sums gradients and gathers statistics across processes; with a single
-process every collective is skipped. Signal handling is in :mod:`.signals`.
+:class:`Distributed` is the trainer's reducer: it sums gradients and gathers statistics across
+processes, and with a single process every collective is a no-op. Signals are in :mod:`.signals`.
 """
 
 from __future__ import annotations
@@ -30,8 +30,11 @@ _WORLD_SIZE_VARS = ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_
 class Distributed:
     """This process's place among the processes of a run, and the collectives PPO needs.
 
-    With one process (the default) every method returns its input: nothing is communicated
-    and accelerate is not imported. :func:`current` describes the running process.
+    This is the reducer behind :class:`~textgym_agents.ppo.trainer.PPOTrainer`'s collectives
+    (``sum``, ``max``, ``gather``, ``sync_gradients``, ...). With one process (the default)
+    every method returns its input at once: nothing is communicated, no tensor is
+    built and accelerate is not imported, so single-process code needs no separate path.
+    :func:`current` describes the running process.
 
     Example:
         >>> single = Distributed()

@@ -1,7 +1,12 @@
-"""``PPOTrainer``: rollout → scoring → turn-level GAE → epochs × minibatches → log.
+"""``PPOTrainer``, the algorithm: one update reads top to bottom, like cleanrl's ``ppo.py``.
 
-Usable whole (:meth:`PPOTrainer.train`) or step by step: :meth:`collect` fills a buffer from
-the envs, and :meth:`update` trains on any buffer, including one a user filled by hand.
+1. :meth:`~PPOTrainer.collect` plays ``config.num_steps`` steps of every env into a buffer;
+2. :meth:`~PPOTrainer.score` adds log-probs (policy, reference) and values;
+3. :meth:`~PPOTrainer.compute_advantages` runs turn-level GAE (new estimators plug in here);
+4. :meth:`~PPOTrainer.optimise` runs epochs × minibatches of clipped PPO steps.
+
+:meth:`~PPOTrainer.update` is 2-4 on any buffer, a hand-filled one too; the driver
+(:class:`~textgym_agents.ppo.run.TrainingRun`) loops them and writes the run directory.
 """
 
 from __future__ import annotations
@@ -23,29 +28,13 @@ from textgym_agents.ppo import core
 from textgym_agents.ppo.buffer import RolloutBuffer, Turn
 from textgym_agents.ppo.rollout import EpisodeStats, RolloutCollector, as_vector_env
 from textgym_agents.ppo.run import TrainingRun
+from textgym_agents.ppo.steps import STEP_STATS, minibatch_loss, minibatches, score_inputs
 from textgym_agents.ppo.tracked import TrackedVectorEnv
-from textgym_agents.tracking.rollout_stats import (
-    episode_metrics,
-    episode_table,
-    turn_metrics,
-    turn_table,
-)
+from textgym_agents.tracking import rollout_stats
 
 __all__ = ["NonFiniteUpdateError", "PPOTrainer"]
 
 logger = logging.getLogger(__name__)
-
-# Statistics of one optimizer step, summed over micro-batches (and processes).
-STEP_STATS = (
-    "loss/policy",
-    "loss/value",
-    "loss/total",
-    "policy/entropy",
-    "policy/approx_kl",
-    "policy/clip_frac",
-    "policy/ratio_mean",
-    "value/clip_frac",
-)
 
 
 class PPOTrainer:
@@ -145,12 +134,16 @@ class PPOTrainer:
         self.collector.collect(self.policy, self.config.num_steps, buffer)
         return buffer
 
-    # --- update ------------------------------------------------------------------------------
+    # --- update: score → compute_advantages → optimise ----------------------------------------
 
     def update(
         self, buffer: RolloutBuffer, episodes: list[EpisodeStats] | None = None
     ) -> dict[str, float]:
         """Score the buffer, compute advantages and run the PPO epochs; return metrics.
+
+        Args:
+            buffer: A filled buffer (from :meth:`collect` or by hand); cleared afterwards.
+            episodes: Episodes that finished during the rollout, for the ``env/`` metrics.
 
         Raises:
             NonFiniteUpdateError: This update and the ``max_nonfinite_updates - 1`` before it
@@ -160,36 +153,15 @@ class PPOTrainer:
         if not turns:
             raise ValueError("The rollout buffer is empty")
         start = time.perf_counter()
-        first_order = self.rng.permutation(len(turns))
-        self._score(turns, first_order)
-        self._advantages(buffer)
+        # One order for scoring and the first epoch: both then run the same forward passes.
+        order = self.rng.permutation(len(turns))
+        self.score(turns, order)
+        self.compute_advantages(buffer)
         score_s = time.perf_counter() - start
         start = time.perf_counter()
-        stats = self._optimise(turns, first_order)
+        stats = self.optimise(turns, order)
         update_s = time.perf_counter() - start
-
-        table, _ = self.process.gather(turn_table(turns))  # every process's turns
-        mean_kl = float(np.mean(table[:, -1].numpy()))
-        self.kl_ctl.update(mean_kl, len(table))  # a non-finite KL leaves beta unchanged
-        self.update_step += 1
-        skipped = int(stats.pop("train/nonfinite_steps"))
-        self.nonfinite_total += skipped
-        self.nonfinite_streak = self.nonfinite_streak + 1 if skipped else 0
-        self.turns += len(table)
-        metrics = {
-            "train/update": self.update_step,
-            "env/turns": self.turns,
-            **turn_metrics(table),
-            "objective/kl_coef": float(self.kl_ctl.value),
-            "time/score_s": score_s,
-            "time/update_s": update_s,
-            "train/nonfinite_steps": skipped,
-            "train/nonfinite_total": self.nonfinite_total,
-            **stats,
-        }
-        if self._uses_kl:  # else the reference was not scored
-            metrics["objective/kl"] = mean_kl
-        metrics.update(self._episode_metrics(episodes or []))
+        metrics = self._update_metrics(turns, episodes or [], stats, score_s, update_s)
         buffer.clear()
         if self.nonfinite_streak >= self.max_nonfinite_updates:
             first = self.update_step - self.nonfinite_streak + 1
@@ -203,33 +175,33 @@ class PPOTrainer:
             )
         return metrics
 
-    def _batches(self, order: np.ndarray, turns: list[Turn]) -> Iterator[list[list[int]]]:
-        """Minibatches of turn indices, each split into micro-batches of similar length.
-
-        Sorting within a minibatch cuts padding without changing its gradient. The same order
-        gives the same layout, so scoring and the first epoch see identical forward passes.
-        """
-        config = self.config
-        for start in range(0, len(order), config.minibatch_size):
-            chunk = order[start : start + config.minibatch_size].tolist()
-            chunk.sort(key=lambda i: -(len(turns[i].prompt_ids) + len(turns[i].response_ids)))
-            yield [
-                chunk[j : j + config.micro_batch_size]
-                for j in range(0, len(chunk), config.micro_batch_size)
-            ]
-
     @torch.no_grad()
-    def _score(self, turns: list[Turn], order: np.ndarray) -> None:
+    def score(self, turns: list[Turn], order: np.ndarray) -> None:
+        """Fill in what the update needs from the rollout policy, the reference and the critic.
+
+        Sets, per turn, ``old_logps`` (shape ``(scored_tokens,)``, CPU: log-probs under the
+        current weights), ``value`` (the critic's value of the prompt) and ``ref_logps``
+        (``(scored_tokens,)``: under the base model without the adapter); and
+        ``bootstrap_value`` for turns with ``bootstrap_ids``. Turns the rollout already scored
+        (choice decoding) keep their ``old_logps`` and ``value`` unless
+        ``config.reuse_rollout_scores`` is False or a KL penalty is on. Without a KL penalty
+        the reference is never used, so ``ref_logps is old_logps``.
+
+        Args:
+            turns: The buffer's turns (``buffer.turns()``).
+            order: A permutation of ``range(len(turns))``, shape ``(N,)``: the minibatch order
+                of the first epoch, so scoring runs the same forward passes.
+        """
         policy = self.policy
         # Turns the rollout scored (choices, same weights) keep their log-probs and values,
         # unless a KL penalty needs the reference pass: then both come from one layout, so the
         # KL before any update is exactly 0.
         rescore = not self.config.reuse_rollout_scores or self._uses_kl
-        for minibatch in self._batches(order, turns):
+        for minibatch in self._minibatches(order, turns):
             for micro in minibatch:
                 todo = [i for i in micro if rescore or turns[i].old_logps is None]
                 if todo:
-                    scores = policy.score(**self._inputs(turns, todo), values=True)
+                    scores = policy.score(**score_inputs(turns, todo), values=True)
                     for row, i in enumerate(todo):
                         turns[i].old_logps = scores.logps[row, : turns[i].scored_tokens].cpu()
                         turns[i].value = float(scores.values[row])
@@ -238,7 +210,7 @@ class PPOTrainer:
                     for i in micro:
                         turns[i].ref_logps = turns[i].old_logps
                     continue
-                ref = policy.score(**self._inputs(turns, micro), adapter=False)
+                ref = policy.score(**score_inputs(turns, micro), adapter=False)
                 for row, i in enumerate(micro):
                     turns[i].ref_logps = ref.logps[row, : turns[i].scored_tokens].cpu()
         pending = [t for t in turns if t.bootstrap_ids is not None]
@@ -249,20 +221,14 @@ class PPOTrainer:
             for turn, value in zip(chunk, values.tolist(), strict=True):
                 turn.bootstrap_value = value
 
-    @staticmethod
-    def _inputs(turns: list[Turn], rows: list[int]) -> dict[str, Any]:
-        """What :meth:`PPOPolicy.score` needs to score the turns ``rows``."""
-        return {
-            "prompts": [turns[i].prompt_ids for i in rows],
-            "responses": [turns[i].response_ids for i in rows],
-            "choices": [turns[i].choice_ids for i in rows],
-        }
+    def compute_advantages(self, buffer: RolloutBuffer) -> None:
+        """Turn-level GAE on the scored buffer; sets each turn's ``kl``, ``advantage``, ``returns``.
 
-    @property
-    def _uses_kl(self) -> bool:
-        return self.config.adaptive_kl or self.config.kl_coef > 0
-
-    def _advantages(self, buffer: RolloutBuffer) -> None:
+        The reward of a turn is the env reward minus ``beta`` (the KL controller's value) times
+        its KL to the reference; ``returns = advantages + values``. With
+        ``config.whiten_advantages`` the advantages are whitened over every process's turns.
+        This is where another advantage estimator plugs in.
+        """
         config = self.config
         beta = float(self.kl_ctl.value)
         buffer.compute_advantages(beta, config.gamma, config.lam, config.kl_estimator)
@@ -277,7 +243,19 @@ class PPOTrainer:
             for turn, advantage in zip(all_turns, mine.tolist(), strict=True):
                 turn.advantage = advantage
 
-    def _optimise(self, turns: list[Turn], first_order: np.ndarray) -> dict[str, float]:
+    def optimise(self, turns: list[Turn], order: np.ndarray) -> dict[str, float]:
+        """``config.num_epochs`` epochs × minibatches of clipped PPO steps; return step means.
+
+        Args:
+            turns: Turns with advantages (after :meth:`score` and :meth:`compute_advantages`).
+            order: The first epoch's minibatch order, the one :meth:`score` used; later epochs
+                draw a fresh permutation from ``self.rng``.
+
+        Returns:
+            The :data:`~textgym_agents.ppo.steps.STEP_STATS` and ``policy/grad_norm`` averaged
+            over the optimizer steps taken, ``train/epochs_done``, ``train/early_stop`` (1.0 if
+            ``approx_kl`` passed ``config.target_kl``) and ``train/nonfinite_steps``.
+        """
         config = self.config
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
         sums: dict[str, float] = {}
@@ -287,39 +265,11 @@ class PPOTrainer:
         # one that has run out joins each remaining step with zero gradients.
         (steps,) = self.process.max([math.ceil(len(turns) / config.minibatch_size)])
         for epoch in range(config.num_epochs):
-            order = first_order if epoch == 0 else self.rng.permutation(len(turns))
-            minibatches = list(self._batches(order, turns))
+            epoch_order = order if epoch == 0 else self.rng.permutation(len(turns))
+            minibatches = list(self._minibatches(epoch_order, turns))
             for minibatch in minibatches + [[]] * (steps - len(minibatches)):
-                self.optimizer.zero_grad(set_to_none=True)
-                # Token- and turn-level means over every process's minibatch of this step.
-                tokens, size = self.process.sum(
-                    [
-                        sum(turns[i].scored_tokens for micro in minibatch for i in micro),
-                        sum(len(micro) for micro in minibatch),
-                    ]
-                )
-                step_stats: dict[str, float] = {}
-                for micro in minibatch:
-                    micro_stats = self._micro_step([turns[i] for i in micro], tokens, size)
-                    for key, value in micro_stats.items():
-                        step_stats[key] = step_stats.get(key, 0.0) + value
-                step_stats = self.process.sync_gradients(params, step_stats, STEP_STATS)
-                grad_norm = torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
-                step_stats["policy/grad_norm"] = float(grad_norm)
-                if not (
-                    math.isfinite(step_stats["loss/total"])
-                    and math.isfinite(step_stats["policy/grad_norm"])
-                ):
-                    # A NaN step would poison the weights and Adam's moments for good.
-                    logger.warning(
-                        "Update %d, epoch %d: non-finite loss (%s) or gradient norm (%s); "
-                        "skipping this optimizer step",
-                        self.update_step + 1,
-                        epoch + 1,
-                        step_stats["loss/total"],
-                        step_stats["policy/grad_norm"],
-                    )
-                    self.optimizer.zero_grad(set_to_none=True)
+                step_stats = self._gradient(turns, minibatch, params)
+                if self._skip_nonfinite_step(step_stats, epoch):
                     skipped += 1
                     continue
                 self.optimizer.step()
@@ -340,51 +290,84 @@ class PPOTrainer:
         metrics["train/nonfinite_steps"] = skipped
         return metrics
 
-    def _micro_step(
-        self, turns: list[Turn], minibatch_tokens: float, minibatch_size: float
-    ) -> dict[str, float]:
-        """Forward + backward of one micro-batch, weighted so the minibatch sums to means."""
-        config, device = self.config, self.policy.device
-        scores = self.policy.score(
-            [t.prompt_ids for t in turns],
-            [t.response_ids for t in turns],
-            choices=[t.choice_ids for t in turns],
-            with_entropy=True,
-        )
-        old = torch.zeros_like(scores.logps)
-        for row, turn in enumerate(turns):
-            old[row, : turn.scored_tokens] = turn.old_logps.to(device)
-        advantages = torch.tensor([t.advantage for t in turns], device=device)
-        pg_loss, pg_stats = core.policy_loss(
-            scores.logps, old, advantages, scores.mask, config.clip_range
-        )
-        old_values = torch.tensor([t.value for t in turns], device=device)
-        returns = torch.tensor([t.returns for t in turns], device=device)
-        v_loss, v_stats = core.value_loss(
-            scores.values, old_values, returns, config.clip_range_value
-        )
-        ent = core.masked_mean(scores.entropy, scores.mask)
-        token_share = float(scores.mask.sum()) / minibatch_tokens
-        turn_share = len(turns) / minibatch_size
-        loss = (
-            pg_loss - config.ent_coef * ent
-        ) * token_share + config.vf_coef * v_loss * turn_share
-        loss.backward()
-        return {
-            "loss/policy": float(pg_loss.detach()) * token_share,
-            "loss/value": float(v_loss.detach()) * turn_share,
-            "loss/total": float(loss.detach()),
-            "policy/entropy": float(ent.detach()) * token_share,
-            "policy/approx_kl": float(pg_stats["approx_kl"]) * token_share,
-            "policy/clip_frac": float(pg_stats["clip_frac"]) * token_share,
-            "policy/ratio_mean": float(pg_stats["ratio_mean"]) * token_share,
-            "value/clip_frac": float(v_stats["value_clip_frac"]) * turn_share,
-        }
+    # --- helpers of the update -----------------------------------------------------------------
 
-    def _episode_metrics(self, episodes: list[EpisodeStats]) -> dict[str, float]:
-        table, _ = self.process.gather(episode_table(episodes))  # every process's episodes
-        self.episodes += len(table)
-        return {"env/episodes": self.episodes, **episode_metrics(table)}
+    @property
+    def _uses_kl(self) -> bool:
+        return self.config.adaptive_kl or self.config.kl_coef > 0
+
+    def _minibatches(self, order: np.ndarray, turns: list[Turn]) -> Iterator[list[list[int]]]:
+        return minibatches(order, turns, self.config.minibatch_size, self.config.micro_batch_size)
+
+    def _gradient(
+        self, turns: list[Turn], minibatch: list[list[int]], params: list[torch.Tensor]
+    ) -> dict[str, float]:
+        """The clipped gradient of one minibatch (mean over every process's) and its stats."""
+        self.optimizer.zero_grad(set_to_none=True)
+        # Token- and turn-level means over every process's minibatch of this step.
+        tokens = sum(turns[i].scored_tokens for micro in minibatch for i in micro)
+        tokens, size = self.process.sum([tokens, sum(len(micro) for micro in minibatch)])
+        step_stats = minibatch_loss(self.policy, self.config, turns, minibatch, tokens, size)
+        step_stats = self.process.sync_gradients(params, step_stats, STEP_STATS)
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm)
+        step_stats["policy/grad_norm"] = float(grad_norm)
+        return step_stats
+
+    def _skip_nonfinite_step(self, step_stats: dict[str, float], epoch: int) -> bool:
+        """Drop this step's gradient, with a warning, if its loss or gradient norm is NaN/inf.
+
+        A NaN step would poison the weights and Adam's moments for good, so the caller skips
+        ``optimizer.step()`` when this returns True (and counts the step).
+        """
+        loss, grad_norm = step_stats["loss/total"], step_stats["policy/grad_norm"]
+        if math.isfinite(loss) and math.isfinite(grad_norm):
+            return False
+        logger.warning(
+            "Update %d, epoch %d: non-finite loss (%s) or gradient norm (%s); "
+            "skipping this optimizer step",
+            self.update_step + 1,
+            epoch + 1,
+            loss,
+            grad_norm,
+        )
+        self.optimizer.zero_grad(set_to_none=True)
+        return True
+
+    def _update_metrics(
+        self,
+        turns: list[Turn],
+        episodes: list[EpisodeStats],
+        stats: dict[str, float],
+        score_s: float,
+        update_s: float,
+    ) -> dict[str, float]:
+        """Advance the counters and the KL controller; the update's metrics (global)."""
+        table, _ = self.process.gather(rollout_stats.turn_table(turns))  # every process's turns
+        mean_kl = float(np.mean(table[:, -1].numpy()))
+        self.kl_ctl.update(mean_kl, len(table))  # a non-finite KL leaves beta unchanged
+        self.update_step += 1
+        skipped = int(stats.pop("train/nonfinite_steps"))
+        self.nonfinite_total += skipped
+        self.nonfinite_streak = self.nonfinite_streak + 1 if skipped else 0
+        self.turns += len(table)
+        metrics = {
+            "train/update": self.update_step,
+            "env/turns": self.turns,
+            **rollout_stats.turn_metrics(table),
+            "objective/kl_coef": float(self.kl_ctl.value),
+            "time/score_s": score_s,
+            "time/update_s": update_s,
+            "train/nonfinite_steps": skipped,
+            "train/nonfinite_total": self.nonfinite_total,
+            **stats,
+        }
+        if self._uses_kl:  # else the reference was not scored
+            metrics["objective/kl"] = mean_kl
+        rows, _ = self.process.gather(rollout_stats.episode_table(episodes))  # every process's
+        self.episodes += len(rows)
+        metrics["env/episodes"] = self.episodes
+        metrics.update(rollout_stats.episode_metrics(rows))
+        return metrics
 
     # --- the loop ------------------------------------------------------------------------------
 

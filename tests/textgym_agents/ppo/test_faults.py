@@ -227,14 +227,14 @@ def test_sigterm_before_the_weights_change_checkpoints_and_resumes_exactly(
         interrupted = make_trainer(
             tiny_dir, tmp_path / "run", gym.vector.SyncVectorEnv([cartpole] * 2)
         )
-        score = interrupted._score
+        score = interrupted.score
 
         def score_then_terminate(*args):
             score(*args)
             if interrupted.update_step == 2:
                 os.kill(os.getpid(), signal.SIGTERM)
 
-        interrupted._score = score_then_terminate
+        interrupted.score = score_then_terminate
     with pytest.raises(SIGTERMExit) as caught:
         interrupted.train(MANY)
     assert caught.value.code == 143

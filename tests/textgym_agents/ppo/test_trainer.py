@@ -104,8 +104,8 @@ def test_kl_grows_after_updates(policy):
     assert first["objective/kl"] == 0.0
     trainer.update(trainer.collect())
     buffer = trainer.collect()
-    trainer._score(buffer.turns(), np.arange(len(buffer)))
-    trainer._advantages(buffer)
+    trainer.score(buffer.turns(), np.arange(len(buffer)))
+    trainer.compute_advantages(buffer)
     assert any(abs(t.kl) > 0 for t in buffer.turns())
 
 
@@ -280,7 +280,7 @@ def test_choices_scoring_pass_runs_only_when_asked(reuse, monkeypatch):
 
     monkeypatch.setattr(policy, "score", counting)
     turns = buffer.turns()
-    trainer._score(turns, np.arange(len(turns)))
+    trainer.score(turns, np.arange(len(turns)))
     assert len(calls) == (0 if reuse else math.ceil(len(turns) / 4))
     for turn, (logps, value) in zip(turns, rollout, strict=True):
         torch.testing.assert_close(turn.old_logps, logps, atol=1e-5, rtol=0)

@@ -1,0 +1,140 @@
+"""Pieces of one PPO optimizer step: the minibatch layout and one micro-batch's loss.
+
+:class:`~textgym_agents.ppo.trainer.PPOTrainer` strings them together; the losses are in
+:mod:`.core`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+from textgym_agents.ppo import core
+from textgym_agents.ppo.buffer import Turn
+
+__all__ = ["STEP_STATS", "micro_batch_loss", "minibatch_loss", "minibatches", "score_inputs"]
+
+# Statistics of one optimizer step, summed over micro-batches (and processes).
+STEP_STATS = (
+    "loss/policy",
+    "loss/value",
+    "loss/total",
+    "policy/entropy",
+    "policy/approx_kl",
+    "policy/clip_frac",
+    "policy/ratio_mean",
+    "value/clip_frac",
+)
+
+
+def minibatches(
+    order: np.ndarray, turns: list[Turn], minibatch_size: int, micro_batch_size: int
+) -> Iterator[list[list[int]]]:
+    """Minibatches of turn indices, each split into micro-batches of similar length.
+
+    Sorting within a minibatch cuts padding without changing its gradient. The same order
+    gives the same layout, so scoring and the first epoch see identical forward passes.
+
+    Args:
+        order: A permutation of ``range(len(turns))``, shape ``(N,)``.
+        turns: The turns the indices point into.
+        minibatch_size: Turns per minibatch (one optimizer step); the last may be smaller.
+        micro_batch_size: Turns per forward pass.
+
+    Example:
+        >>> turns = [Turn([1], [2] * n, reward=0.0) for n in (1, 3, 2)]
+        >>> list(minibatches(np.array([0, 1, 2]), turns, 2, 1))
+        [[[1], [0]], [[2]]]
+    """
+    for start in range(0, len(order), minibatch_size):
+        chunk = order[start : start + minibatch_size].tolist()
+        chunk.sort(key=lambda i: -(len(turns[i].prompt_ids) + len(turns[i].response_ids)))
+        yield [chunk[j : j + micro_batch_size] for j in range(0, len(chunk), micro_batch_size)]
+
+
+def score_inputs(turns: list[Turn], rows: list[int]) -> dict[str, Any]:
+    """What :meth:`PPOPolicy.score <textgym_agents.PPOPolicy.score>` needs for turns ``rows``."""
+    return {
+        "prompts": [turns[i].prompt_ids for i in rows],
+        "responses": [turns[i].response_ids for i in rows],
+        "choices": [turns[i].choice_ids for i in rows],
+    }
+
+
+def micro_batch_loss(
+    policy: Any, config: Any, turns: list[Turn], minibatch_tokens: float, minibatch_turns: float
+) -> dict[str, float]:
+    """Forward + backward of one micro-batch, weighted so the minibatch sums to means.
+
+    The policy and entropy terms are token means, so they are weighted by this micro-batch's
+    share of the minibatch's scored tokens; the value term is a turn mean, weighted by its
+    share of the turns. Summing the returned statistics (the keys of :data:`STEP_STATS`) and
+    the gradients over a minibatch's micro-batches gives those of the whole minibatch.
+
+    Args:
+        policy: The :class:`~textgym_agents.PPOPolicy` being trained.
+        config: Its :class:`~textgym_agents.PPOConfig` (clip ranges, ``ent_coef``, ``vf_coef``).
+        turns: The scored turns of this micro-batch (``old_logps``, ``value``, ``advantage``,
+            ``returns`` set).
+        minibatch_tokens: Scored tokens of the whole minibatch (over every process).
+        minibatch_turns: Turns of the whole minibatch (over every process).
+    """
+    device = policy.device
+    scores = policy.score(
+        [t.prompt_ids for t in turns],
+        [t.response_ids for t in turns],
+        choices=[t.choice_ids for t in turns],
+        with_entropy=True,
+    )
+    old = torch.zeros_like(scores.logps)  # (B, T)
+    for row, turn in enumerate(turns):
+        old[row, : turn.scored_tokens] = turn.old_logps.to(device)
+    advantages = torch.tensor([t.advantage for t in turns], device=device)  # (B,)
+    pg_loss, pg_stats = core.policy_loss(
+        scores.logps, old, advantages, scores.mask, config.clip_range
+    )
+    old_values = torch.tensor([t.value for t in turns], device=device)
+    returns = torch.tensor([t.returns for t in turns], device=device)
+    v_loss, v_stats = core.value_loss(scores.values, old_values, returns, config.clip_range_value)
+    ent = core.masked_mean(scores.entropy, scores.mask)
+    token_share = float(scores.mask.sum()) / minibatch_tokens
+    turn_share = len(turns) / minibatch_turns
+    loss = (pg_loss - config.ent_coef * ent) * token_share + config.vf_coef * v_loss * turn_share
+    loss.backward()
+    return {
+        "loss/policy": float(pg_loss.detach()) * token_share,
+        "loss/value": float(v_loss.detach()) * turn_share,
+        "loss/total": float(loss.detach()),
+        "policy/entropy": float(ent.detach()) * token_share,
+        "policy/approx_kl": float(pg_stats["approx_kl"]) * token_share,
+        "policy/clip_frac": float(pg_stats["clip_frac"]) * token_share,
+        "policy/ratio_mean": float(pg_stats["ratio_mean"]) * token_share,
+        "value/clip_frac": float(v_stats["value_clip_frac"]) * turn_share,
+    }
+
+
+def minibatch_loss(
+    policy: Any,
+    config: Any,
+    turns: list[Turn],
+    minibatch: list[list[int]],
+    minibatch_tokens: float,
+    minibatch_turns: float,
+) -> dict[str, float]:
+    """:func:`micro_batch_loss` of each micro-batch of ``minibatch``; the summed statistics.
+
+    The gradients accumulate in the parameters' ``.grad``; an empty minibatch (a process that
+    ran out of turns) returns ``{}`` and leaves them untouched.
+    """
+    stats: dict[str, float] = {}
+    for micro in minibatch:
+        micro_turns = [turns[i] for i in micro]
+        micro_stats = micro_batch_loss(
+            policy, config, micro_turns, minibatch_tokens, minibatch_turns
+        )
+        for key, value in micro_stats.items():
+            stats[key] = stats.get(key, 0.0) + value
+    return stats
