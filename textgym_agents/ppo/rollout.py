@@ -114,7 +114,7 @@ class RolloutCollector:
                     reward=float(rewards[i]),
                     terminated=bool(terminations[i]),
                     truncated=bool(truncations[i]) and not bool(terminations[i]),
-                    invalid=bool(_info_at(infos, "invalid", i) or False),
+                    invalid=bool(self._step_info(infos, i, terminations, truncations)),
                     choice_ids=generation.choice_ids[k] if generation.choice_ids else None,
                 )
                 if getattr(generation, "logps", None) is not None:  # scored by the rollout
@@ -133,6 +133,18 @@ class RolloutCollector:
         for i in range(self.envs.num_envs):
             if not self.resetting[i]:
                 buffer.set_bootstrap(i, policy.encode(self.observations[i]))
+
+    def _step_info(
+        self, infos: dict[str, Any], i: int, terminations: Any, truncations: Any
+    ) -> bool:
+        """Whether env ``i``'s reply of this step was invalid.
+
+        With SAME_STEP autoreset, an env whose episode just ended has already reset: its
+        ``infos`` entry is the new episode's, and the step's own is in ``final_info``.
+        """
+        if self.mode == AutoresetMode.SAME_STEP and (terminations[i] or truncations[i]):
+            infos = infos.get("final_info", infos)
+        return bool(_info_at(infos, "invalid", i) or False)
 
     def choices(self) -> list[list[str] | None] | None:
         """Each env's valid replies for choice decoding (asked once; fixed per env)."""

@@ -184,11 +184,6 @@ def test_autoreset_modes(policy, mode):
     assert [(e.stream, e.length) for e in episodes] == [(0, 1), (1, 1)] * num_steps
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="SAME_STEP: the collector reads 'invalid' from the infos of the next episode's "
-    "reset, not from final_info, so an episode's last turn loses its flag (issue 20 review)",
-)
 def test_same_step_autoreset_keeps_the_invalid_flag_of_the_final_turn(policy):
     envs = gym.make_vec(
         "textgym/Blackjack-v1",
