@@ -108,13 +108,14 @@ class RolloutCollector:
             observations, rewards, terminations, truncations, infos = self.envs.step(actions)
             observations = tuple(observations)
             for k, i in enumerate(active):
+                own = self._own_infos(infos, bool(terminations[i]) or bool(truncations[i]))
                 turn = Turn(
                     prompt_ids=generation.prompt_ids[k],
                     response_ids=generation.response_ids[k],
                     reward=float(rewards[i]),
                     terminated=bool(terminations[i]),
                     truncated=bool(truncations[i]) and not bool(terminations[i]),
-                    invalid=bool(self._step_info(infos, i, terminations, truncations)),
+                    invalid=bool(_info_at(own, "invalid", i) or False),
                     choice_ids=generation.choice_ids[k] if generation.choice_ids else None,
                 )
                 if getattr(generation, "logps", None) is not None:  # scored by the rollout
@@ -126,7 +127,7 @@ class RolloutCollector:
                         final = _info_at(infos, "final_obs", i)
                     turn.bootstrap_ids = policy.encode(final)
                 buffer.add(i, turn)
-                self._track(i, turn, infos)
+                self._track(i, turn, own)
             if self.mode == AutoresetMode.NEXT_STEP:
                 self.resetting = np.logical_or(terminations, truncations)
             self.observations = observations
@@ -134,17 +135,15 @@ class RolloutCollector:
             if not self.resetting[i]:
                 buffer.set_bootstrap(i, policy.encode(self.observations[i]))
 
-    def _step_info(
-        self, infos: dict[str, Any], i: int, terminations: Any, truncations: Any
-    ) -> bool:
-        """Whether env ``i``'s reply of this step was invalid.
+    def _own_infos(self, infos: dict[str, Any], done: bool) -> dict[str, Any]:
+        """The infos of this step for an env whose episode ended (``done``) or goes on.
 
         With SAME_STEP autoreset, an env whose episode just ended has already reset: its
         ``infos`` entry is the new episode's, and the step's own is in ``final_info``.
         """
-        if self.mode == AutoresetMode.SAME_STEP and (terminations[i] or truncations[i]):
-            infos = infos.get("final_info", infos)
-        return bool(_info_at(infos, "invalid", i) or False)
+        if done and self.mode == AutoresetMode.SAME_STEP:
+            return infos.get("final_info", infos)
+        return infos
 
     def choices(self) -> list[list[str] | None] | None:
         """Each env's valid replies for choice decoding (asked once; fixed per env)."""
@@ -162,9 +161,7 @@ class RolloutCollector:
         self.returns[i] += turn.reward
         self.lengths[i] += 1
         self.invalid[i] += int(turn.invalid)
-        if turn.done:
-            if self.mode == AutoresetMode.SAME_STEP:  # infos already belong to the next episode
-                infos = infos.get("final_info", infos)
+        if turn.done:  # infos: this step's own (see _own_infos)
             success = _info_at(infos, "is_success", i)
             self.reports_success |= success is not None
             if success is None and self.reports_success:
