@@ -14,13 +14,14 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import platform
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+
+from textgym.atomic import atomic_write_json
 
 __all__ = [
     "BF16_MIN_SPEEDUP",
@@ -112,24 +113,20 @@ def cpu_signature() -> str:
 
 def _measure_cpu(path: Path | None) -> tuple[float, float]:
     """(fp32, bf16) GFLOP/s, measured once per machine signature and cached in ``path``."""
-    if path is None:
-        return matmul_gflops(torch.float32), matmul_gflops(torch.bfloat16)
-    key = cpu_signature()
-    try:
-        cached = json.loads(path.read_text())
-    except (OSError, ValueError):
-        cached = {}
-    entry = cached.get(key) if isinstance(cached, dict) else None
-    if isinstance(entry, dict) and {"fp32", "bf16"} <= set(entry):
-        return float(entry["fp32"]), float(entry["bf16"])
+    key, cached = cpu_signature(), {}
+    if path is not None:
+        with contextlib.suppress(OSError, ValueError):
+            cached = json.loads(path.read_text())
+        cached = cached if isinstance(cached, dict) else {}
+        entry = cached.get(key)
+        if isinstance(entry, dict) and {"fp32", "bf16"} <= set(entry):
+            return float(entry["fp32"]), float(entry["bf16"])
     fp32, bf16 = matmul_gflops(torch.float32), matmul_gflops(torch.bfloat16)
-    cached = cached if isinstance(cached, dict) else {}
-    cached[key] = {"fp32": round(fp32, 1), "bf16": round(bf16, 1)}
-    with contextlib.suppress(OSError):  # a read-only cache only costs a re-measurement
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}")
-        tmp.write_text(json.dumps(cached, indent=2, sort_keys=True))
-        os.replace(tmp, path)
+    if path is not None:
+        cached[key] = {"fp32": round(fp32, 1), "bf16": round(bf16, 1)}
+        with contextlib.suppress(OSError):  # a read-only cache only costs a re-measurement
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(path, cached)
     return fp32, bf16
 
 
