@@ -254,7 +254,8 @@ class PPOPolicy(PolicyScoring):
         self, prompts: list[list[int]], choices: Sequence[Sequence[str]], greedy: bool
     ) -> Generation:
         ids = [self.choice_ids(replies) for replies in choices]
-        scores = self.score_choices(prompts, ids, values=True)
+        critic = self.config.uses_critic  # critic-free estimators never run the value head
+        scores = self.score_choices(prompts, ids, values=critic)
         picks = scores.sample(greedy)
         return Generation(
             prompts,
@@ -262,7 +263,7 @@ class PPOPolicy(PolicyScoring):
             [choices[b][k] for b, k in enumerate(picks)],
             choice_ids=ids,
             logps=scores.chosen(picks).float().tolist(),
-            values=scores.values.float().tolist(),  # type: ignore[union-attr]
+            values=scores.values.float().tolist() if critic else None,  # type: ignore[union-attr]
         )
 
     # --- training ----------------------------------------------------------------------------

@@ -6,7 +6,7 @@ ids) and what the env paid. Scoring fills in log-probs and values; GAE fills in 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -32,6 +32,9 @@ class Turn:
             still running when the rollout ends.
         choice_ids: With choice decoding, the token ids of every valid reply; the response is
             one of them and the turn has a single log-prob (that of the choice).
+        group: With seed-shared groups (``PPOConfig.group_size``), the id of the episode's
+            group within the rollout; -1 otherwise.
+        anchor: GiGPO's anchor key of the observation this turn answered (None if unused).
     """
 
     prompt_ids: list[int]
@@ -42,6 +45,8 @@ class Turn:
     invalid: bool = False
     bootstrap_ids: list[int] | None = None
     choice_ids: list[list[int]] | None = None
+    group: int = -1
+    anchor: Hashable = None
     # Filled by scoring: per-token log-probs (T,) under the rollout policy and the reference,
     # the value of the prompt and, for bootstrapped turns, the value of bootstrap_ids.
     old_logps: torch.Tensor | None = None
@@ -113,6 +118,33 @@ class RolloutBuffer:
         """Drop every turn (the buffer holds one rollout at a time)."""
         self.streams.clear()
 
+    def episodes(self) -> list[list[Turn]]:
+        """The turns cut into episodes, stream by stream; an unfinished tail is one too.
+
+        Example:
+            >>> buffer = RolloutBuffer()
+            >>> for reward, done in [(0.0, False), (1.0, True), (2.0, False)]:
+            ...     buffer.add(0, Turn([1], [2], reward=reward, terminated=done))
+            >>> [[t.reward for t in e] for e in buffer.episodes()]
+            [[0.0, 1.0], [2.0]]
+        """
+        episodes: list[list[Turn]] = []
+        for stream in sorted(self.streams):
+            current: list[Turn] = []
+            for turn in self.streams[stream]:
+                current.append(turn)
+                if turn.done:
+                    episodes.append(current)
+                    current = []
+            if current:
+                episodes.append(current)
+        return episodes
+
+    def compute_kl(self, kl_estimator: str = "k1") -> None:
+        """Set each scored turn's ``kl``: its summed per-token KL to the reference."""
+        for turn in self:
+            turn.kl = float(core.kl_penalty(turn.old_logps, turn.ref_logps, kl_estimator).sum())
+
     def compute_advantages(
         self, beta: float, gamma: float, lam: float, kl_estimator: str = "k1"
     ) -> None:
@@ -122,10 +154,8 @@ class RolloutBuffer:
         each turn's ``kl``, ``advantage`` and ``returns``. Bootstraps from the next turn's value,
         or from ``bootstrap_value`` after a truncation or at the end of an unfinished stream.
         """
+        self.compute_kl(kl_estimator)
         for turns in self.streams.values():
-            for turn in turns:
-                per_token = core.kl_penalty(turn.old_logps, turn.ref_logps, kl_estimator)
-                turn.kl = float(per_token.sum())
             rewards = torch.tensor([t.reward - beta * t.kl for t in turns])
             values = torch.tensor([t.value for t in turns])
             next_values = torch.tensor(

@@ -13,7 +13,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["PPOConfig"]
+__all__ = ["ESTIMATORS", "GROUP_ESTIMATORS", "PPOConfig"]
+
+ESTIMATORS = ("gae", "grpo", "rloo", "gigpo", "reinforce")
+"""Values of ``PPOConfig.advantage_estimator``."""
+GROUP_ESTIMATORS = ("grpo", "rloo", "gigpo")
+"""Estimators that compare the episodes of a seed-shared group (``group_size >= 2``)."""
 
 
 def _help(default: Any, text: str) -> Any:
@@ -84,8 +89,35 @@ class PPOConfig:
     num_steps: int = _help(
         8, "Env steps per env per update; a batch is num_envs * num_steps turns."
     )
-    gamma: float = _help(1.0, "Discount between turns.")
+    gamma: float = _help(1.0, "Discount between turns (GAE, and REINFORCE's returns-to-go).")
     lam: float = _help(0.95, "GAE lambda.")
+    # --- advantage estimator (docs/estimators.md) ---------------------------------------------
+    advantage_estimator: str = _help(
+        "gae",
+        "How turns get their advantage: 'gae' (turn-level GAE with the learned value head); "
+        "critic-free, no value head run or trained: 'grpo' (episode return minus its group's "
+        "mean, over the group's std), 'rloo' (minus the mean of the other G-1 members), "
+        "'gigpo' (GRPO's episode advantage plus step_advantage_weight times a step advantage "
+        "among the group's turns from the same observation) and 'reinforce' (returns-to-go "
+        "normalised over the batch).",
+    )
+    group_size: int = _help(
+        1,
+        "G: envs per group. The G envs of a group start every episode from one reset seed and "
+        "a rollout is whole rounds of episodes; grpo, rloo and gigpo need G >= 2, and the "
+        "number of envs (per process) must be a multiple of G.",
+    )
+    normalize_by_std: bool = _help(
+        True,
+        "Divide group-relative advantages by the group's standard deviation (grpo, and both "
+        "levels of gigpo) and REINFORCE's returns by the batch's; rloo never does.",
+    )
+    step_advantage_weight: float = _help(
+        1.0, "GiGPO's omega: A = A_episode + omega * A_step (1.0 as in the paper's scripts)."
+    )
+    step_gamma: float = _help(
+        0.95, "GiGPO: discount of the returns-to-go compared within a step group."
+    )
     # --- PPO update -------------------------------------------------------------------------
     learning_rate: float = _help(2e-4, "AdamW learning rate of the LoRA weights.")
     value_learning_rate: float = _help(1e-3, "AdamW learning rate of the value head.")
@@ -98,7 +130,9 @@ class PPOConfig:
     vf_coef: float = _help(0.5, "Weight of the value loss.")
     ent_coef: float = _help(0.0, "Weight of the entropy bonus.")
     max_grad_norm: float = _help(1.0, "Gradient clipping norm.")
-    whiten_advantages: bool = _help(True, "Normalise advantages over the batch.")
+    whiten_advantages: bool = _help(
+        True, "GAE: normalise advantages over the batch (group estimators normalise per group)."
+    )
     target_kl: float | None = _help(None, "Stop the epochs of an update past this approx. KL.")
     gradient_checkpointing: bool = _help(
         False,
@@ -118,8 +152,14 @@ class PPOConfig:
     report_to: list[str] = _help(["jsonl"], "Metric sinks: jsonl, tensorboard, wandb.")
     progress: bool = _help(True, "Show a progress bar.")
 
+    @property
+    def uses_critic(self) -> bool:
+        """Whether the value head is run and trained (only the ``"gae"`` estimator needs it)."""
+        return self.advantage_estimator == "gae"
+
     def __post_init__(self) -> None:
         positive_ints = ["max_new_tokens", "num_steps", "num_epochs", "minibatch_size"]
+        positive_ints += ["group_size"]
         positive_ints += ["micro_batch_size", "kl_horizon", "keep_checkpoints", "choice_batch_size"]
         for name in positive_ints:
             value = getattr(self, name)
@@ -127,10 +167,11 @@ class PPOConfig:
         for name in ["temperature", "learning_rate", "clip_range", "max_grad_norm", "kl_target"]:
             value = getattr(self, name)
             _check(self, name, _number(value) and value > 0, "> 0")
-        for name in ["value_learning_rate", "weight_decay", "vf_coef", "ent_coef", "kl_coef"]:
+        nonnegative = ["value_learning_rate", "weight_decay", "vf_coef", "ent_coef", "kl_coef"]
+        for name in [*nonnegative, "step_advantage_weight"]:
             value = getattr(self, name)
             _check(self, name, _number(value) and value >= 0, ">= 0")
-        for name in ["gamma", "lam"]:
+        for name in ["gamma", "lam", "step_gamma"]:
             value = getattr(self, name)
             _check(self, name, _number(value) and 0 <= value <= 1, "in [0, 1]")
         _check(self, "top_p", _number(self.top_p) and 0 < self.top_p <= 1, "in (0, 1]")
@@ -139,6 +180,18 @@ class PPOConfig:
         for name in ["clip_range_value", "target_kl"]:
             value = getattr(self, name)
             _check(self, name, value is None or (_number(value) and value > 0), "> 0 or None")
+        _check(
+            self,
+            "advantage_estimator",
+            self.advantage_estimator in ESTIMATORS,
+            f"one of {ESTIMATORS}",
+        )
+        if self.advantage_estimator in GROUP_ESTIMATORS and self.group_size < 2:
+            raise ValueError(
+                f"advantage_estimator={self.advantage_estimator!r} compares the episodes of a "
+                f"group, so group_size must be >= 2, got {self.group_size}; set group_size "
+                "(e.g. 8, with a number of envs that is a multiple of it)"
+            )
         modes = ("free", "choices", "constrained", "auto")
         _check(self, "decoding", self.decoding in modes, f"one of {modes}")
         estimators = ("k1", "k3", "abs", "mse")

@@ -94,13 +94,7 @@ class RolloutCollector:
             active = [i for i in range(self.envs.num_envs) if not self.resetting[i]]
             # A step in which every env only resets generates nothing and does not count.
             steps += bool(active)
-            kwargs = {}
-            choices = self.choices() if getattr(policy, "wants_choices", False) else None
-            if choices:
-                kwargs["choices"] = [choices[i] for i in active]
-            schemas = self.schemas() if getattr(policy, "wants_schemas", False) else None
-            if schemas:
-                kwargs["schemas"] = [schemas[i] for i in active]
+            kwargs = self._decoding_kwargs(policy, active)
             generation = policy.generate([self.observations[i] for i in active], **kwargs)
             actions = [""] * self.envs.num_envs  # ignored by envs that are resetting
             for k, i in enumerate(active):
@@ -120,12 +114,10 @@ class RolloutCollector:
                 )
                 if getattr(generation, "logps", None) is not None:  # scored by the rollout
                     turn.old_logps = torch.tensor([generation.logps[k]])
-                    turn.value = float(generation.values[k])
+                    if generation.values is not None:  # None: critic-free
+                        turn.value = float(generation.values[k])
                 if turn.truncated:
-                    final = observations[i]
-                    if self.mode == AutoresetMode.SAME_STEP:
-                        final = _info_at(infos, "final_obs", i)
-                    turn.bootstrap_ids = policy.encode(final)
+                    turn.bootstrap_ids = policy.encode(self._final_obs(observations, infos, i))
                 buffer.add(i, turn)
                 self._track(i, turn, own)
             if self.mode == AutoresetMode.NEXT_STEP:
@@ -134,6 +126,23 @@ class RolloutCollector:
         for i in range(self.envs.num_envs):
             if not self.resetting[i]:
                 buffer.set_bootstrap(i, policy.encode(self.observations[i]))
+
+    def _decoding_kwargs(self, policy: Any, active: list[int]) -> dict[str, Any]:
+        """The valid replies or reply schemas of envs ``active``, if the policy uses them."""
+        kwargs = {}
+        choices = self.choices() if getattr(policy, "wants_choices", False) else None
+        if choices:
+            kwargs["choices"] = [choices[i] for i in active]
+        schemas = self.schemas() if getattr(policy, "wants_schemas", False) else None
+        if schemas:
+            kwargs["schemas"] = [schemas[i] for i in active]
+        return kwargs
+
+    def _final_obs(self, observations: tuple[Any, ...], infos: dict[str, Any], i: int) -> Any:
+        """Env ``i``'s observation after its episode ended (SAME_STEP: in ``final_obs``)."""
+        if self.mode == AutoresetMode.SAME_STEP:
+            return _info_at(infos, "final_obs", i)
+        return observations[i]
 
     def _own_infos(self, infos: dict[str, Any], done: bool) -> dict[str, Any]:
         """The infos of this step for an env whose episode ended (``done``) or goes on.

@@ -15,7 +15,14 @@ import torch
 from textgym_agents.ppo import core
 from textgym_agents.ppo.buffer import Turn
 
-__all__ = ["STEP_STATS", "micro_batch_loss", "minibatch_loss", "minibatches", "score_inputs"]
+__all__ = [
+    "STEP_STATS",
+    "VALUE_STATS",
+    "micro_batch_loss",
+    "minibatch_loss",
+    "minibatches",
+    "score_inputs",
+]
 
 # Statistics of one optimizer step, summed over micro-batches (and processes).
 STEP_STATS = (
@@ -28,6 +35,8 @@ STEP_STATS = (
     "policy/ratio_mean",
     "value/clip_frac",
 )
+VALUE_STATS = ("loss/value", "value/")
+"""Prefixes of the statistics a critic-free run leaves out."""
 
 
 def minibatches(
@@ -83,10 +92,12 @@ def micro_batch_loss(
         minibatch_turns: Turns of the whole minibatch (over every process).
     """
     device = policy.device
+    critic = config.uses_critic  # critic-free: no value forward, no value loss
     scores = policy.score(
         [t.prompt_ids for t in turns],
         [t.response_ids for t in turns],
         choices=[t.choice_ids for t in turns],
+        values=critic,
         with_entropy=True,
     )
     old = torch.zeros_like(scores.logps)  # (B, T)
@@ -96,23 +107,29 @@ def micro_batch_loss(
     pg_loss, pg_stats = core.policy_loss(
         scores.logps, old, advantages, scores.mask, config.clip_range
     )
-    old_values = torch.tensor([t.value for t in turns], device=device)
-    returns = torch.tensor([t.returns for t in turns], device=device)
-    v_loss, v_stats = core.value_loss(scores.values, old_values, returns, config.clip_range_value)
     ent = core.masked_mean(scores.entropy, scores.mask)
     token_share = float(scores.mask.sum()) / minibatch_tokens
     turn_share = len(turns) / minibatch_turns
-    loss = (pg_loss - config.ent_coef * ent) * token_share + config.vf_coef * v_loss * turn_share
+    loss = (pg_loss - config.ent_coef * ent) * token_share
+    stats = {}
+    if critic:
+        old_values = torch.tensor([t.value for t in turns], device=device)
+        returns = torch.tensor([t.returns for t in turns], device=device)
+        v_loss, v_stats = core.value_loss(
+            scores.values, old_values, returns, config.clip_range_value
+        )
+        loss = loss + config.vf_coef * v_loss * turn_share
+        stats["loss/value"] = float(v_loss.detach()) * turn_share
+        stats["value/clip_frac"] = float(v_stats["value_clip_frac"]) * turn_share
     loss.backward()
     return {
         "loss/policy": float(pg_loss.detach()) * token_share,
-        "loss/value": float(v_loss.detach()) * turn_share,
+        **stats,
         "loss/total": float(loss.detach()),
         "policy/entropy": float(ent.detach()) * token_share,
         "policy/approx_kl": float(pg_stats["approx_kl"]) * token_share,
         "policy/clip_frac": float(pg_stats["clip_frac"]) * token_share,
         "policy/ratio_mean": float(pg_stats["ratio_mean"]) * token_share,
-        "value/clip_frac": float(v_stats["value_clip_frac"]) * turn_share,
     }
 
 

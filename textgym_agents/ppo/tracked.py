@@ -273,6 +273,8 @@ def rollout_state(envs: TrackedVectorEnv, collector: Any) -> dict[str, Any]:
         "invalid": collector.invalid.tolist(),
         "reports_success": collector.reports_success,
     }
+    if hasattr(collector, "rounds"):  # seed-shared groups: the rounds played so far
+        state["collector"]["group"] = collector.state()
     return state
 
 
@@ -282,7 +284,17 @@ def restore_rollout(
     """Replay the envs to a :func:`rollout_state`, else start fresh episodes from ``fresh_seed``.
 
     A state saved before the first rollout leaves the envs alone: that rollout resets them.
+    A :class:`~textgym_agents.ppo.groups.GroupRolloutCollector` is never mid-round at a
+    checkpoint, so it needs no replay: it goes on with the next round's seeds.
     """
+    if hasattr(collector, "rounds"):
+        group = saved["collector"].get("group") if saved is not None else None
+        if group is not None:
+            collector.load_state(group)
+            collector.reports_success = bool(saved["collector"]["reports_success"])  # type: ignore[index]
+        else:
+            collector.seed = fresh_seed
+        return
     if saved is not None and not saved["collector"]["started"]:
         return
     observations = envs.restore(saved) if saved is not None else None

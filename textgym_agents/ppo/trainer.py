@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +26,17 @@ from textgym_agents.exceptions import NonFiniteUpdateError
 from textgym_agents.gradient_checkpointing import enable_gradient_checkpointing
 from textgym_agents.ppo import core
 from textgym_agents.ppo.buffer import RolloutBuffer, Turn
+from textgym_agents.ppo.estimators import assign_critic_free
+from textgym_agents.ppo.groups import GroupRolloutCollector
 from textgym_agents.ppo.rollout import EpisodeStats, RolloutCollector, as_vector_env
 from textgym_agents.ppo.run import TrainingRun
-from textgym_agents.ppo.steps import STEP_STATS, minibatch_loss, minibatches, score_inputs
+from textgym_agents.ppo.steps import (
+    STEP_STATS,
+    VALUE_STATS,
+    minibatch_loss,
+    minibatches,
+    score_inputs,
+)
 from textgym_agents.ppo.tracked import TrackedVectorEnv
 from textgym_agents.tracking import rollout_stats
 
@@ -70,6 +78,7 @@ class PPOTrainer:
         *,
         output_dir: str | Path | None = None,
         max_nonfinite_updates: int = 3,
+        anchor_key: Callable[[Any], Hashable] | None = None,
     ) -> None:
         """Create the trainer.
 
@@ -82,6 +91,9 @@ class PPOTrainer:
             max_nonfinite_updates: Stop (raise :class:`NonFiniteUpdateError`) after this many
                 updates in a row that each had an optimizer step with a non-finite loss or
                 gradient (those steps are skipped either way).
+            anchor_key: GiGPO: maps an observation to its anchor key (default:
+                :func:`~textgym_agents.ppo.groups.default_anchor`, the current observation's
+                text); pass one for envs whose text hides part of the state.
         """
         if not (isinstance(max_nonfinite_updates, int) and max_nonfinite_updates >= 1):
             raise ValueError(
@@ -98,15 +110,18 @@ class PPOTrainer:
         if self.envs is not None:
             # Process r plays envs seeded after those of processes 0..r-1, like one big vector env.
             (stride,) = process.max([self.envs.num_envs])
-            self.collector = RolloutCollector(self.envs, process.seed(config.seed, stride))
+            seed = process.seed(config.seed, stride)
+            if config.group_size > 1:  # a group never straddles processes: G divides num_envs
+                self.collector = GroupRolloutCollector(
+                    self.envs, seed, config.group_size, anchor_key=anchor_key
+                )
+            else:
+                self.collector = RolloutCollector(self.envs, seed)
         lora_params, head_params = policy.trainable_parameters()
-        self.optimizer = torch.optim.AdamW(
-            [
-                {"params": lora_params, "lr": config.learning_rate},
-                {"params": head_params, "lr": config.value_learning_rate},
-            ],
-            weight_decay=config.weight_decay,
-        )
+        groups = [{"params": lora_params, "lr": config.learning_rate}]
+        if config.uses_critic:  # critic-free: no value loss and no optimizer state for the head
+            groups.append({"params": head_params, "lr": config.value_learning_rate})
+        self.optimizer = torch.optim.AdamW(groups, weight_decay=config.weight_decay)
         if config.adaptive_kl:
             self.kl_ctl = core.AdaptiveKLController(
                 config.kl_coef, config.kl_target, config.kl_horizon
@@ -197,14 +212,16 @@ class PPOTrainer:
         # unless a KL penalty needs the reference pass: then both come from one layout, so the
         # KL before any update is exactly 0.
         rescore = not self.config.reuse_rollout_scores or self._uses_kl
+        critic = self.config.uses_critic  # critic-free: the value head is never run
         for minibatch in self._minibatches(order, turns):
             for micro in minibatch:
                 todo = [i for i in micro if rescore or turns[i].old_logps is None]
                 if todo:
-                    scores = policy.score(**score_inputs(turns, todo), values=True)
+                    scores = policy.score(**score_inputs(turns, todo), values=critic)
                     for row, i in enumerate(todo):
                         turns[i].old_logps = scores.logps[row, : turns[i].scored_tokens].cpu()
-                        turns[i].value = float(scores.values[row])
+                        if critic:
+                            turns[i].value = float(scores.values[row])
                 # Without a KL penalty the reference is never used: skip its forward pass.
                 if not self._uses_kl:
                     for i in micro:
@@ -213,7 +230,7 @@ class PPOTrainer:
                 ref = policy.score(**score_inputs(turns, micro), adapter=False)
                 for row, i in enumerate(micro):
                     turns[i].ref_logps = ref.logps[row, : turns[i].scored_tokens].cpu()
-        pending = [t for t in turns if t.bootstrap_ids is not None]
+        pending = [t for t in turns if t.bootstrap_ids is not None] if critic else []
         size = self.config.micro_batch_size
         for start in range(0, len(pending), size):
             chunk = pending[start : start + size]
@@ -222,15 +239,21 @@ class PPOTrainer:
                 turn.bootstrap_value = value
 
     def compute_advantages(self, buffer: RolloutBuffer) -> None:
-        """Turn-level GAE on the scored buffer; sets each turn's ``kl``, ``advantage``, ``returns``.
+        """Advantages of the scored buffer; sets each turn's ``kl``, ``advantage``, ``returns``.
 
         The reward of a turn is the env reward minus ``beta`` (the KL controller's value) times
-        its KL to the reference; ``returns = advantages + values``. With
-        ``config.whiten_advantages`` the advantages are whitened over every process's turns.
-        This is where another advantage estimator plugs in.
+        its KL to the reference. ``config.advantage_estimator="gae"``: turn-level GAE,
+        ``returns = advantages + values``, and with ``config.whiten_advantages`` the advantages
+        are whitened over every process's turns. The critic-free estimators
+        (:func:`~textgym_agents.ppo.estimators.assign_critic_free`) work on the buffer's whole
+        episodes; ``returns`` is then each turn's return-to-go.
         """
         config = self.config
         beta = float(self.kl_ctl.value)
+        if not config.uses_critic:
+            buffer.compute_kl(config.kl_estimator)
+            assign_critic_free(buffer.episodes(), config, beta, gather=self._gather_array)
+            return
         buffer.compute_advantages(beta, config.gamma, config.lam, config.kl_estimator)
         all_turns = buffer.turns()
         if not config.whiten_advantages:
@@ -292,6 +315,10 @@ class PPOTrainer:
 
     # --- helpers of the update -----------------------------------------------------------------
 
+    def _gather_array(self, values: np.ndarray) -> tuple[np.ndarray, int]:
+        every, start = self.process.gather(torch.tensor(values, dtype=torch.float64))
+        return every.numpy(), start
+
     @property
     def _uses_kl(self) -> bool:
         return self.config.adaptive_kl or self.config.kl_coef > 0
@@ -308,7 +335,8 @@ class PPOTrainer:
         tokens = sum(turns[i].scored_tokens for micro in minibatch for i in micro)
         tokens, size = self.process.sum([tokens, sum(len(micro) for micro in minibatch)])
         step_stats = minibatch_loss(self.policy, self.config, turns, minibatch, tokens, size)
-        step_stats = self.process.sync_gradients(params, step_stats, STEP_STATS)
+        keys = [k for k in STEP_STATS if self.config.uses_critic or not k.startswith(VALUE_STATS)]
+        step_stats = self.process.sync_gradients(params, step_stats, keys)
         grad_norm = torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm)
         step_stats["policy/grad_norm"] = float(grad_norm)
         return step_stats
@@ -353,7 +381,7 @@ class PPOTrainer:
         metrics = {
             "train/update": self.update_step,
             "env/turns": self.turns,
-            **rollout_stats.turn_metrics(table),
+            **rollout_stats.turn_metrics(table, values=self.config.uses_critic),
             "objective/kl_coef": float(self.kl_ctl.value),
             "time/score_s": score_s,
             "time/update_s": update_s,

@@ -23,8 +23,10 @@ def turn_table(turns: Sequence[Any]) -> torch.Tensor:
     return torch.tensor(rows, dtype=torch.float64).reshape(len(rows), 6)
 
 
-def turn_metrics(table: torch.Tensor) -> dict[str, float]:
+def turn_metrics(table: torch.Tensor, values: bool = True) -> dict[str, float]:
     """Invalid-reply rate, mean reward and reply length, value statistics of a :func:`turn_table`.
+
+    ``values=False`` (a critic-free run) leaves the ``value/`` statistics out rather than 0.
 
     Example:
         >>> table = torch.tensor([[0, 1.0, 3, 0.5, 1.0, 0.0], [1, -1.0, 5, 0.0, -1.0, 0.0]])
@@ -33,14 +35,17 @@ def turn_metrics(table: torch.Tensor) -> dict[str, float]:
         (0.5, 4.0, 0.4375)
     """
     invalid, reward, tokens, value, returns, _ = table.numpy().T
-    values = torch.tensor(value.tolist())  # float32, as the value head computes them
-    return {
+    metrics = {
         "env/invalid_rate": float(np.mean(invalid)),
         "env/reward_mean": float(np.mean(reward)),
         "reply/tokens_mean": float(np.mean(tokens)),
-        "value/mean": float(values.mean()),
-        "value/explained_var": float(explained_variance(values, torch.tensor(returns.tolist()))),
     }
+    if values:
+        predicted = torch.tensor(value.tolist())  # float32, as the value head computes them
+        metrics["value/mean"] = float(predicted.mean())
+        target = torch.tensor(returns.tolist())
+        metrics["value/explained_var"] = float(explained_variance(predicted, target))
+    return metrics
 
 
 def episode_table(episodes: Sequence[Any]) -> torch.Tensor:
