@@ -2,13 +2,14 @@
 
 `load_tokenizer` gives the embedded SmolLM2 tokenizer; `tiny_model` a random Llama that uses it
 (`logits_of` reads its logits on a text);
-`PayingChoice` a one-step env where one of two actions always pays.
+`PayingChoice` a one-step env where one of two actions always pays (`paying_choice_env` as text,
+`paying_choice_policy` a tiny model that can learn it).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import torch
@@ -185,3 +186,37 @@ class PayingChoice(gym.Env[int, int]):
     def step(self, action: int) -> tuple[int, float, bool, bool, dict]:
         """End the episode, paying 1 for action 1."""
         return self.obs, float(action == 1), True, False, {"is_success": bool(action == 1)}
+
+
+PAYING_WORDS = ["yes", "no", "maybe", "ok", "red", "green", "blue", "gray"]
+"""Vocabulary of :func:`paying_choice_policy`: the replies, and a word per observation."""
+
+
+def paying_choice_env() -> gym.Env:
+    """:class:`PayingChoice` as a text env: "red choose" ... "gray choose", replies no / yes."""
+    from textgym import TextEnvWrapper
+
+    return TextEnvWrapper(
+        PayingChoice(),
+        formatter=lambda obs, info: f"{PAYING_WORDS[4 + obs]} choose",
+        action_names=["no", "yes"],
+        system_prompt="answer",
+        invalid_penalty=0.1,
+        max_invalid=1,
+    )
+
+
+def paying_choice_policy(config: Any) -> Any:
+    """A tiny word-level model that starts near uniform, LoRA on every linear layer.
+
+    It samples every word from the first update, so a learning test sees within a few updates
+    whether training makes it prefer "yes" in :func:`paying_choice_env`.
+    """
+    from textgym_agents.policy import PPOPolicy
+
+    torch.manual_seed(0)  # LoRA init and sampling: not whatever earlier tests left
+    model, tokenizer = tiny_model(word_tokenizer(PAYING_WORDS), tie_word_embeddings=False)
+    with torch.no_grad():  # a near-uniform start
+        model.lm_head.weight.mul_(0.1)
+    linear = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    return PPOPolicy(model, tokenizer, config=config, lora={"target_modules": [*linear, "lm_head"]})

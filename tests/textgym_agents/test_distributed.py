@@ -149,8 +149,9 @@ WORKER = textwrap.dedent(
     started = time.perf_counter()
 
 
-    def train(run, stop, resume=False):
-        policy = build(0, seed=4, decoding="choices", kl_coef=0.05, save_every=1, **QUICK)
+    def train(run, stop, resume=False, **extra):
+        settings = dict(seed=4, decoding="choices", kl_coef=0.05, save_every=1, **QUICK)
+        policy = build(0, **{**settings, **extra})
         policy.learn(
             gym.make_vec("textgym/Blackjack-v1", num_envs=2),
             total_episodes=10**6,
@@ -165,6 +166,25 @@ WORKER = textwrap.dedent(
     train("resumed", 2)
     result["resumed"] = train("resumed", 4, resume=True)
     result["resume_s"] = time.perf_counter() - started
+
+    # --- 4. seed-shared groups (GRPO, G = 2, 2 envs per process: one group each) ---
+    starts = []
+
+
+    def group_update(self, buffer, episodes=None):
+        for turns in buffer.episodes():  # the first prompt of each member of each group
+            prompt = json.dumps(turns[0].prompt_ids).encode()
+            starts.append([turns[0].group, hashlib.sha256(prompt).hexdigest()])
+        return original_update(self, buffer, episodes)
+
+
+    GROUPS = dict(advantage_estimator="grpo", group_size=2)
+    PPOTrainer.update = group_update
+    result["groups_straight"] = train("g-straight", 3, **GROUPS)
+    PPOTrainer.update = original_update
+    result["group_starts"] = starts
+    train("g-resumed", 2, **GROUPS)
+    result["groups_resumed"] = train("g-resumed", 3, resume=True, **GROUPS)
     (out / f"rank{rank}.json").write_text(json.dumps(result))
     """
 )
@@ -289,6 +309,21 @@ def test_resume_on_both_processes_reproduces_the_run_exactly(launched):
 
 
 TIMING = ("time", "throughput/")
+
+
+def test_groups_stay_on_one_process_and_resume_exactly(launched):
+    """Each process plays its own groups: members share a start; processes' starts differ."""
+    reports, _ = launched
+    per_process = []
+    for report in reports:
+        by_group: dict[int, set[str]] = {}
+        for group, start in report["group_starts"]:
+            by_group.setdefault(group, set()).add(start)
+        assert len(by_group) >= 3 and all(len(s) == 1 for s in by_group.values())
+        per_process.append({next(iter(s)) for s in by_group.values()})
+    assert per_process[0] != per_process[1]  # other seeds on the other process
+    assert reports[0]["groups_straight"] == reports[1]["groups_straight"]  # one model
+    assert reports[0]["groups_resumed"] == reports[0]["groups_straight"]
 
 
 def test_single_process_needs_no_collectives():

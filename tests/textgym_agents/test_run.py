@@ -193,23 +193,32 @@ def test_evaluate_counts_episodes_cut_short_as_failures():
 # --- exact resume ---------------------------------------------------------------------------
 
 
+GIGPO = {"advantage_estimator": "gigpo", "group_size": 3}
+
+
 @pytest.mark.parametrize(
-    ("env_id", "env_kwargs", "decoding"),
+    ("env_id", "env_kwargs", "decoding", "estimator"),
     [
-        ("textgym/Blackjack-v1", {}, "free"),
-        ("textgym/Blackjack-v1", {}, "choices"),
+        ("textgym/Blackjack-v1", {}, "free", {}),
+        ("textgym/Blackjack-v1", {}, "choices", {}),
         # invalid replies do not end CartPole episodes here: they run across checkpoints
-        ("textgym/CartPole-v1", {"max_invalid": 1000}, "free"),
+        ("textgym/CartPole-v1", {"max_invalid": 1000}, "free", {}),
+        # seed-shared groups: every checkpoint falls between rounds; the seeds go on
+        ("textgym/Blackjack-v1", {}, "choices", GIGPO),
+        ("textgym/FrozenLake-v1", {}, "free", {**GIGPO, "max_new_tokens": 3}),
     ],
-    ids=["blackjack", "blackjack-choices", "cartpole-long-episodes"],
+    ids=["blackjack", "blackjack-choices", "cartpole-long-episodes", "gigpo", "gigpo-free"],
 )
-def test_resume_reproduces_the_uninterrupted_run_exactly(tmp_path, env_id, env_kwargs, decoding):
+def test_resume_reproduces_the_uninterrupted_run_exactly(
+    tmp_path, env_id, env_kwargs, decoding, estimator
+):
     """N updates straight == N/2 updates, a fresh process-like restart, N/2 more (CPU, seeded)."""
     n = 6
 
     def trainer(run):
         torch.manual_seed(0)  # the LoRA initialisation draws from torch's global RNG
-        policy = make_policy(tmp_path, num_steps=3, decoding=decoding, kl_coef=0.05)
+        settings = {"num_steps": 3, "decoding": decoding, "kl_coef": 0.05, **estimator}
+        policy = make_policy(tmp_path, **settings)
         envs = gym.make_vec(env_id, num_envs=3, **env_kwargs)
         return PPOTrainer(policy, envs, output_dir=run)
 
@@ -228,7 +237,10 @@ def test_resume_reproduces_the_uninterrupted_run_exactly(tmp_path, env_id, env_k
     straight.train(10**6, callback=stop_at(n))
     trainer(tmp_path / "resumed").train(10**6, callback=stop_at(n // 2))
     replay = json.loads((latest_checkpoint(tmp_path / "resumed") / "envs.json").read_text())
-    assert replay["replay"] is not None  # the envs' state was recorded, not dropped
+    if estimator:  # the rounds played, from which the next round's seeds follow
+        assert replay["collector"]["group"]["rounds"] >= n // 2
+    else:
+        assert replay["replay"] is not None  # the envs' state was recorded, not dropped
     resumed = trainer(tmp_path / "resumed")
     resumed.train(10**6, callback=stop_at(n), resume_from=tmp_path / "resumed")
 

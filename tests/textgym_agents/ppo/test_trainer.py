@@ -6,22 +6,8 @@ import pytest
 import torch
 
 import textgym  # noqa: F401
-from textgym import TextEnvWrapper
 from textgym_agents import PPOConfig, PPOPolicy, PPOTrainer, RolloutBuffer, Turn
-from textgym_agents.testing import PayingChoice, tiny_model, word_tokenizer
-
-WORDS = ["yes", "no", "maybe", "ok", "red", "green", "blue", "gray"]
-
-
-def paying_choice_env():
-    return TextEnvWrapper(
-        PayingChoice(),
-        formatter=lambda obs, info: f"{WORDS[4 + obs]} choose",
-        action_names=["no", "yes"],
-        system_prompt="answer",
-        invalid_penalty=0.1,
-        max_invalid=1,
-    )
+from textgym_agents.testing import paying_choice_env, paying_choice_policy, tiny_model
 
 
 def small_config(**overrides):
@@ -197,11 +183,6 @@ def test_same_step_autoreset_keeps_the_invalid_flag_of_the_final_turn(policy):
 
 def test_policy_learns_to_prefer_paying_reply():
     """A tiny model learns that "yes" pays: > 90% of greedy replies within 20 updates."""
-    torch.manual_seed(0)  # LoRA init and sampling: not whatever earlier tests left
-    model, tokenizer = tiny_model(word_tokenizer(WORDS), tie_word_embeddings=False)
-    with torch.no_grad():  # a near-uniform start: every word is sampled from the first update
-        model.lm_head.weight.mul_(0.1)
-    linear = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     config = PPOConfig(
         num_steps=1,
         max_new_tokens=1,
@@ -212,9 +193,7 @@ def test_policy_learns_to_prefer_paying_reply():
         kl_coef=0.0,
         seed=0,
     )
-    policy = PPOPolicy(
-        model, tokenizer, config=config, lora={"target_modules": [*linear, "lm_head"]}
-    )
+    policy = paying_choice_policy(config)
     envs = gym.vector.SyncVectorEnv([paying_choice_env for _ in range(16)])
     trainer = PPOTrainer(policy, envs)
     prompts = [paying_choice_env().reset(seed=seed)[0] for seed in range(16)]

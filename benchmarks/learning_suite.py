@@ -1,0 +1,256 @@
+"""Learning from cold start: every advantage estimator on the same envs, episodes and seeds.
+
+Each cell (env, estimator, seed) trains the embedded SmolLM2-135M-Instruct (LoRA, no
+demonstrations) with ``textgym train``'s per-env defaults and only the estimator changed, and
+scores the greedy policy before, during (``--eval-every`` episodes: the learning curve) and
+after training: exactly on Blackjack (``blackjack_exact``: the greedy policy is a table over
+280 states), else on ``--eval-episodes`` held-out episodes (seeds no training episode uses),
+with the standard error. It prints, per env, random and optimal references and each
+estimator's mean over seeds, and writes one PNG per env with every estimator's curve.
+
+    python benchmarks/learning_suite.py --envs blackjack --estimators gae,gigpo --seeds 0,1 \\
+        --episodes 2000 --out runs/suite
+
+Every cell keeps its run directory (checkpoints) and its curve under ``--out``: run the same
+command again after an interruption and finished cells are read back, an unfinished one
+resumes from its last checkpoint. Pin it to one core for comparable timings
+(``taskset -c 1 env OMP_NUM_THREADS=1 ...``). Results: docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+import textgym  # noqa: F401  (registers the text envs)
+from textgym.episodes import reply_choices
+from textgym_agents import PPOConfig, PPOPolicy, evaluate
+from textgym_agents.checkpoint import latest_checkpoint
+from textgym_agents.cli.runs import episodes_done
+from textgym_agents.ppo.defaults import env_defaults
+from textgym_agents.ppo.trainer import PPOTrainer
+
+try:
+    import blackjack_exact
+    from blackjack_learning import exact_return
+except ImportError:  # imported as benchmarks.learning_suite
+    from benchmarks import blackjack_exact
+    from benchmarks.blackjack_learning import exact_return
+
+EVAL_SEED = 1_000_000  # held-out: training seeds are derived from small config seeds
+ENVS: dict[str, dict[str, Any]] = {
+    "blackjack": {"id": "textgym/Blackjack-v1", "kwargs": {}, "optimal": -0.0431},
+    "frozenlake": {"id": "textgym/FrozenLake-v1", "kwargs": {"is_slippery": False}, "optimal": 1.0},
+    "frozenlake-slippery": {
+        "id": "textgym/FrozenLake-v1",
+        "kwargs": {"is_slippery": True},
+        "optimal": 0.74,  # value iteration, 100-step limit (Gymnasium's docs: ~0.74)
+    },
+    "cliffwalking": {"id": "textgym/CliffWalking-v1", "kwargs": {}, "optimal": -13.0},
+    "calculator": {"id": "textgym/Calculator-v0", "kwargs": {}, "optimal": None},
+}
+ESTIMATOR_SETTINGS = {
+    "gae": {"advantage_estimator": "gae"},
+    "grpo": {"advantage_estimator": "grpo"},
+    "rloo": {"advantage_estimator": "rloo"},
+    "gigpo": {"advantage_estimator": "gigpo"},
+    "reinforce": {"advantage_estimator": "reinforce"},
+}
+
+
+def score(policy: Any, env_name: str, episodes: int) -> tuple[float, float]:
+    """(greedy return, its standard error): exact on Blackjack, else over held-out episodes."""
+    spec = ENVS[env_name]
+    env = gym.make(spec["id"], **spec["kwargs"])
+    try:
+        if env_name == "blackjack" and policy is not None:
+            return exact_return(policy, env), 0.0
+        result = evaluate(policy, env, episodes, seed=EVAL_SEED)
+        return float(result["mean_return"]), float(result["std_return"]) / math.sqrt(episodes)
+    finally:
+        env.close()
+
+
+def random_reference(env_name: str, episodes: int) -> tuple[float, float] | None:
+    """A uniformly random valid reply each turn (exact on Blackjack); None without choices."""
+    if env_name == "blackjack":
+        return blackjack_exact.expected_return(lambda *state: 0.5), 0.0
+    spec = ENVS[env_name]
+    env = gym.make(spec["id"], **spec["kwargs"])
+    choices = reply_choices(env)
+    env.close()
+    if not choices or choices[0] is None:
+        return None
+    rng = np.random.default_rng(0)
+    replies = choices[0]
+
+    def pick(messages: Any) -> str:
+        return replies[int(rng.integers(len(replies)))]
+
+    return score(pick, env_name, episodes)
+
+
+def run_cell(args: argparse.Namespace, env_name: str, estimator: str, seed: int) -> dict[str, Any]:
+    """Train one cell (resuming if it has a checkpoint) and return its result."""
+    cell = Path(args.out) / env_name / f"{estimator}-seed{seed}"
+    result_file = cell / "result.json"
+    if result_file.exists():
+        return json.loads(result_file.read_text())
+    spec = ENVS[env_name]
+    envs = gym.make_vec(spec["id"], num_envs=args.num_envs, **spec["kwargs"])
+    given: dict[str, Any] = {"seed": seed, **ESTIMATOR_SETTINGS[estimator]}
+    if estimator != "gae":
+        given["group_size"] = args.group_size
+    given.update(json.loads(args.settings))
+    choices = reply_choices(envs)
+    settings = env_defaults(choices[0] if choices else None, given)
+    config = PPOConfig(**{**settings, **given, "progress": False})
+    policy = PPOPolicy.from_pretrained(args.model, config=config)
+    curve_file = cell / "curve.jsonl"
+    cell.mkdir(parents=True, exist_ok=True)
+    start_file = cell / "start.json"
+    if not start_file.exists():
+        before = score(policy, env_name, args.eval_episodes)
+        start_file.write_text(json.dumps({"return": before[0], "se": before[1]}))
+    before_data = json.loads(start_file.read_text())
+    trainer = PPOTrainer(policy, envs, output_dir=cell / "run")
+    points = curve_file.read_text().splitlines() if curve_file.exists() else []
+    eval_seconds = [0.0]
+    next_eval = [json.loads(points[-1])["episodes"] if points else 0]
+
+    def callback(metrics: dict[str, float]) -> None:
+        done = int(metrics["env/episodes"])
+        if done < next_eval[0] + args.eval_every:
+            return
+        next_eval[0] = done
+        eval_start = time.perf_counter()
+        value, se = score(policy, env_name, args.eval_episodes)
+        eval_seconds[0] += time.perf_counter() - eval_start
+        with curve_file.open("a") as out:
+            out.write(json.dumps({"episodes": done, "return": value, "se": se}) + "\n")
+        print(f"  {env_name} {estimator} seed {seed}: {done} episodes, greedy {value:.4f}")
+
+    resume = latest_checkpoint(cell / "run") if (cell / "run").exists() else None
+    episodes_before = episodes_done(resume) if resume is not None else 0
+    started = time.perf_counter()
+    metrics = trainer.train(args.episodes, resume_from=resume, callback=callback)
+    seconds = time.perf_counter() - started  # training only (the evaluations excluded)
+    seconds -= eval_seconds[0]
+    envs.close()
+    after = score(policy, env_name, args.eval_episodes)
+    result = {
+        "env": env_name,
+        "estimator": estimator,
+        "seed": seed,
+        "episodes": int(metrics["env/episodes"]),
+        "before": before_data["return"],
+        "before_se": before_data["se"],
+        "after": after[0],
+        "after_se": after[1],
+        "train_seconds_last_session": seconds,
+        "hands_per_s": (int(metrics["env/episodes"]) - episodes_before) / max(seconds, 1e-9),
+        "settings": config.to_dict(),
+    }
+    result_file.write_text(json.dumps(result, indent=2))
+    return result
+
+
+def curves(out: Path, env_name: str) -> dict[str, list[list[tuple[int, float]]]]:
+    """Each estimator's curves (one per seed) of greedy return against training episodes."""
+    found: dict[str, list[list[tuple[int, float]]]] = {}
+    for curve_file in sorted((out / env_name).glob("*/curve.jsonl")):
+        estimator = curve_file.parent.name.rsplit("-seed", 1)[0]
+        start = json.loads((curve_file.parent / "start.json").read_text())["return"]
+        points = [(0, start)] + [
+            (row["episodes"], row["return"])
+            for row in map(json.loads, curve_file.read_text().splitlines())
+        ]
+        found.setdefault(estimator, []).append(points)
+    return found
+
+
+def plot(out: Path, env_name: str, reference: dict[str, float | None]) -> Path | None:
+    """One PNG: every estimator's greedy-return curves (thin: seeds), the references dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    found = curves(out, env_name)
+    if not found:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for k, (estimator, runs) in enumerate(sorted(found.items())):
+        for j, points in enumerate(runs):
+            x, y = zip(*points, strict=True)
+            ax.plot(x, y, color=f"C{k}", alpha=0.8, label=estimator if j == 0 else None)
+    for name, value in reference.items():
+        if value is not None:
+            ax.axhline(value, linestyle="--", color="grey", linewidth=0.8)
+            ax.annotate(name, (0, value), fontsize=7, color="grey")
+    ax.set(xlabel="training episodes", ylabel="greedy return", title=env_name)
+    ax.legend()
+    path = out / f"{env_name}.png"
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--envs", default="blackjack", help=f"comma-separated, of {list(ENVS)}")
+    parser.add_argument("--estimators", default="gae,grpo,rloo,gigpo,reinforce")
+    parser.add_argument("--seeds", default="0,1")
+    parser.add_argument("--episodes", type=int, default=2000, help="training episodes per cell")
+    parser.add_argument("--eval-every", type=int, default=500, help="episodes between evals")
+    parser.add_argument("--eval-episodes", type=int, default=200, help="held-out episodes")
+    parser.add_argument("--num-envs", type=int, default=16)
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--model", default=None, help="default: the embedded model")
+    parser.add_argument("--settings", default="{}", help="JSON of extra PPOConfig settings")
+    parser.add_argument("--out", default="runs/learning-suite")
+    args = parser.parse_args()
+    out = Path(args.out)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    for env_name in args.envs.split(","):
+        results = [
+            run_cell(args, env_name, estimator, seed)
+            for estimator in args.estimators.split(",")
+            for seed in seeds
+        ]
+        random_ref = random_reference(env_name, args.eval_episodes)
+        reference = {"random": random_ref[0] if random_ref else None}
+        reference["optimal"] = ENVS[env_name]["optimal"]
+        print(f"\n{env_name}: random {_fmt(random_ref)}, optimal {reference['optimal']}")
+        print("| estimator | seeds | greedy before | greedy after (mean ± spread) | hands/s |")
+        print("|---|---|---|---|---|")
+        by_estimator: dict[str, list[dict[str, Any]]] = {}
+        for result in results:
+            by_estimator.setdefault(result["estimator"], []).append(result)
+        for estimator, rows in by_estimator.items():
+            after = np.array([r["after"] for r in rows])
+            before = np.mean([r["before"] for r in rows])
+            spread = after.std(ddof=1) if len(after) > 1 else float("nan")
+            speed = np.mean([r["hands_per_s"] or 0.0 for r in rows])
+            print(
+                f"| {estimator} | {len(rows)} | {before:.4f} | {after.mean():.4f} ± "
+                f"{spread:.4f} ({', '.join(f'{a:.4f}' for a in after)}) | {speed:.2f} |"
+            )
+        path = plot(out, env_name, reference)
+        if path is not None:
+            print(f"Curves: {path}")
+
+
+def _fmt(value: tuple[float, float] | None) -> str:
+    return "n/a" if value is None else f"{value[0]:.4f} (se {value[1]:.4f})"
+
+
+if __name__ == "__main__":
+    main()
