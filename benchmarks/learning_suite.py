@@ -34,6 +34,7 @@ from textgym.episodes import reply_choices
 from textgym_agents import PPOConfig, PPOPolicy, evaluate
 from textgym_agents.checkpoint import latest_checkpoint
 from textgym_agents.cli.runs import episodes_done
+from textgym_agents.exceptions import SIGTERMExit
 from textgym_agents.ppo.defaults import env_defaults
 from textgym_agents.ppo.trainer import PPOTrainer
 
@@ -204,6 +205,15 @@ def plot(out: Path, env_name: str, reference: dict[str, float | None]) -> Path |
 
 
 def main() -> None:
+    """Parse the flags, run (or read back) every cell, print the tables, write the plots."""
+    try:
+        _main()
+    except (KeyboardInterrupt, SIGTERMExit):  # the cell's trainer saved a checkpoint
+        print("Stopped; run the same command again to resume the unfinished cell.")
+        raise SystemExit(130) from None
+
+
+def _main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--envs", default="blackjack", help=f"comma-separated, of {list(ENVS)}")
     parser.add_argument("--estimators", default="gae,grpo,rloo,gigpo,reinforce")

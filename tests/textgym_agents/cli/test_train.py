@@ -91,6 +91,7 @@ def test_bad_input_gives_a_clear_error(run_dir, tiny_dir, capsys, tmp_path):
             "clip_range must be > 0, got -1.0 (from --clip-range)",
         ),
         (["train", "--decoding", "beam"], 2, "decoding must be one of"),
+        (["train", "--advantage-estimator", "grpo"], 2, "group_size must be >= 2, got 1"),
         (["train", "--config", str(tmp_path / "none.yaml")], 2, "--config: cannot read"),
         (["train", "--resume", str(tmp_path / "none")], 1, "--resume: no such run directory"),
         (["train", "--resume", str(tmp_path)], 1, "no checkpoint in"),
@@ -112,6 +113,23 @@ def test_bad_input_gives_a_clear_error(run_dir, tiny_dir, capsys, tmp_path):
     config.write_text("learning_rate: 1e-4\nnum_epoch: 3\n")
     assert main(["train", "--config", str(config)]) == 2
     assert "unknown setting 'num_epoch'; did you mean 'num_epochs'?" in capsys.readouterr().err
+
+
+def test_train_with_a_group_estimator(tiny_dir, tmp_path, capsys):
+    """`--advantage-estimator gigpo --group-size 2`: critic-free metrics; a bad G is named."""
+    args = ["train", "--model", tiny_dir, "--eval-episodes", "0", "--no-progress"]
+    args += ["--num-steps", "1", "--advantage-estimator", "gigpo", "--group-size", "2"]
+    run = tmp_path / "run"
+    assert main([*args, "--num-envs", "4", "--episodes", "8", "--output", str(run)]) == 0
+    config = json.loads((run / "config.json").read_text())["ppo"]
+    assert config["advantage_estimator"] == "gigpo" and config["group_size"] == 2
+    lines = read_metrics(run)
+    assert lines and all(not k.startswith("value/") for line in lines for k in line)
+    assert lines[-1]["env/episodes"] % 4 == 0  # whole rounds of 4 envs
+    capsys.readouterr()
+    assert main([*args, "--num-envs", "3", "--output", str(tmp_path / "bad")]) == 1
+    err = capsys.readouterr().err
+    assert "num_envs (3) must be a multiple of group_size (2)" in err and "Traceback" not in err
 
 
 def test_usage_error_and_missing_run_through_the_command(tmp_path):
