@@ -66,6 +66,8 @@ class PPOPolicy(PolicyScoring):
             base_info: How to reload the base model (name, gguf file, dtype), kept by save().
         """
         self.config = config or PPOConfig()
+        # Without a config, learn() trains with the settings that suit its env (for_env).
+        self.config_given = config is not None
         if isinstance(model, PeftModel):
             self.model = model
         else:
@@ -289,8 +291,16 @@ class PPOPolicy(PolicyScoring):
 
         Returns:
             The last update's metrics.
+
+        A policy created without a config trains with :meth:`PPOConfig.for_env(envs)
+        <textgym_agents.PPOConfig.for_env>`, the settings ``textgym train`` uses for that env
+        (its seed kept); one given a config trains with exactly that config.
         """
         from textgym_agents.ppo.trainer import PPOTrainer
+
+        if not self.config_given:
+            self.config = PPOConfig.for_env(envs, seed=self.config.seed)
+            self.config_given = True
 
         if output_dir == "auto":
             output_dir = _default_run_dir(envs)

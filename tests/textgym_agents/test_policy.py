@@ -216,3 +216,18 @@ def test_adapter_init_follows_config_seed_not_the_global_rng():
     assert all(torch.equal(a, b) for a, b in zip(first, same, strict=True))
     assert not any(torch.equal(a, b) for a, b in zip(first, other, strict=True))
     torch.set_rng_state(state)
+
+
+def test_learn_without_a_config_uses_the_env_defaults_and_with_one_keeps_it(tmp_path):
+    """One source of defaults: learn() on a policy made without a config trains with
+    PPOConfig.for_env(envs) (what `textgym train` uses); a given config is kept exactly."""
+    envs = gym.make_vec("textgym/Blackjack-v1", num_envs=2)
+    bare = PPOPolicy(*tiny_model())
+    assert bare.config.decoding == "free"
+    bare.learn(envs, total_episodes=1, output_dir=None)
+    assert bare.config == PPOConfig.for_env(envs, seed=0)
+    assert bare.config.decoding == "choices"
+    given = PPOConfig(num_steps=1, max_new_tokens=2, progress=False)
+    kept = PPOPolicy(*tiny_model(), config=given)
+    kept.learn(envs, total_episodes=1, output_dir=None)
+    assert kept.config is given

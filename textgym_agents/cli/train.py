@@ -27,7 +27,6 @@ from textgym.cli_common import (
     one_line,
     parse_env_args,
     positive_int,
-    reply_choices,
     write_run_info,
 )
 from textgym.plugins import FunctionCommand
@@ -44,7 +43,6 @@ from textgym_agents.ppo.defaults import (
     DEFAULT_EPISODES,
     DEFAULT_EVAL_EPISODES,
     DEFAULT_NUM_ENVS,
-    env_defaults,
 )
 
 __all__ = ["command", "configure", "run_train"]
@@ -197,16 +195,16 @@ def _plan(args: argparse.Namespace, config_cls: Any) -> _Plan:
     env_args.update(file_train.get("env_args", {}))
     env_args.update(parse_env_args(args.env_arg))
     probe = make_env(env_id, env_args)  # fails early on an unknown env; lists its replies
-    choices = reply_choices(probe)
-    probe.close()
     given = {**saved_ppo, **file_ppo, **flags}
     sources = {key: "the resumed run's config.json" for key in saved_ppo}
     sources.update({key: f"--config {args.config}" for key in file_ppo})
     sources.update({key: "--" + key.replace("_", "-") for key in flags})
     try:
-        config = config_cls.from_dict({**env_defaults(choices, given), **given})
+        config = config_cls.for_env(probe, **given)
     except (TypeError, ValueError) as e:
         raise UsageError(_source_note(one_line(e), sources)) from e
+    finally:
+        probe.close()
 
     if args.output:
         out = Path(args.output)

@@ -211,6 +211,48 @@ class PPOConfig:
                 f"({self.minibatch_size}); lower micro_batch_size or raise minibatch_size"
             )
 
+    @classmethod
+    def for_env(cls, env: Any, **settings: Any) -> PPOConfig:
+        """The settings that suit ``env`` (what ``textgym train`` uses), then ``settings``.
+
+        The one source of per-env defaults: a quick CPU run
+        (:data:`~textgym_agents.ppo.defaults.QUICK_DEFAULTS`) and, where the env lists its
+        valid replies, choice decoding with their common start as ``reply_prefix`` and
+        exploration settings (:func:`~textgym_agents.ppo.defaults.env_defaults`). Every key of
+        ``settings`` wins over them.
+
+        Args:
+            env: A text env, a text vector env, or a registered env id.
+            **settings: ``PPOConfig`` fields to set (unknown names are rejected).
+
+        Example:
+            >>> import gymnasium as gym, textgym
+            >>> config = PPOConfig.for_env(gym.make("textgym/Blackjack-v1"), seed=1)
+            >>> config.decoding, config.reply_prefix, config.seed
+            ('choices', '{"action": "', 1)
+            >>> PPOConfig.for_env("textgym/Calculator-v0").decoding
+            'free'
+        """
+        from gymnasium.vector import VectorEnv
+
+        from textgym.episodes import reply_choices
+        from textgym_agents.ppo.defaults import env_defaults
+
+        if isinstance(env, str):
+            import gymnasium as gym
+
+            probe = gym.make(env)
+            try:
+                choices = reply_choices(probe)
+            finally:
+                probe.close()
+        elif isinstance(env, VectorEnv):
+            listed = reply_choices(env) or []
+            choices = next((c for c in listed if c), None)
+        else:
+            choices = reply_choices(env)
+        return cls.from_dict({**env_defaults(choices, settings), **settings})
+
     def to_dict(self) -> dict[str, Any]:
         """Return the settings as a JSON-ready dict."""
         return dataclasses.asdict(self)

@@ -59,3 +59,23 @@ def test_list_defaults_are_not_shared_between_configs():
     first.stop_strings.append("}")
     second = PPOConfig()
     assert second.report_to == ["jsonl"] and second.stop_strings == []
+
+
+def test_for_env_is_the_cli_default_and_settings_win():
+    import gymnasium as gym
+
+    import textgym  # noqa: F401
+    from textgym_agents.ppo.defaults import CHOICE_DEFAULTS, QUICK_DEFAULTS
+
+    env = gym.make("textgym/Blackjack-v1")
+    config = PPOConfig.for_env(env, temperature=1.5)
+    assert config.decoding == "choices" and config.reply_prefix == '{"action": "'
+    assert config.temperature == 1.5  # given settings win
+    assert config.ent_coef == CHOICE_DEFAULTS["ent_coef"]
+    assert config.num_steps == QUICK_DEFAULTS["num_steps"]
+    vector = PPOConfig.for_env(gym.make_vec("textgym/Blackjack-v1", num_envs=2))
+    assert vector == PPOConfig.for_env("textgym/Blackjack-v1") == PPOConfig.for_env(env)
+    free = PPOConfig.for_env("textgym/Calculator-v0")
+    assert free.decoding == "free" and free.reply_prefix == ""
+    with pytest.raises(ValueError, match="did you mean 'learning_rate'"):
+        PPOConfig.for_env(env, learning_rte=1e-4)
