@@ -2,7 +2,10 @@
 
 ``act`` / ``assign_reward`` / ``terminate_episode`` record turns into the same
 :class:`~textgym_agents.ppo.buffer.RolloutBuffer` that :class:`PPOTrainer` updates on, so there
-is one PPO implementation. :meth:`Agent.text_env` turns the same three methods into a
+is one PPO implementation. A subclass that names its replies (:meth:`Agent.action_replies`)
+gets choice decoding: every reply is one of them, valid from the first hand, and
+``extract_action`` is not needed; otherwise the model writes free text that ``extract_action``
+parses. :meth:`Agent.text_env` turns the same three methods into a
 formatter and parser for :class:`~textgym.TextEnvWrapper`, to train with ``PPOPolicy`` on
 vector envs.
 """
@@ -11,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -22,6 +25,7 @@ from textgym.wrappers import Messages
 from textgym_agents.policy import PPOPolicy
 from textgym_agents.ppo.buffer import RolloutBuffer, Turn
 from textgym_agents.ppo.config import PPOConfig
+from textgym_agents.ppo.defaults import env_defaults
 from textgym_agents.ppo.trainer import PPOTrainer
 
 __all__ = ["Agent"]
@@ -82,13 +86,29 @@ class Agent(ABC):
             default_action: Sent to the env when ``extract_action`` fails or is invalid.
             invalid_penalty: Subtracted from the reward of an invalid turn.
             lora: LoRA settings (a ``peft.LoraConfig`` or a dict of overrides).
-            **config: :class:`~textgym_agents.PPOConfig` fields (generation and PPO settings).
+            **config: :class:`~textgym_agents.PPOConfig` fields (generation and PPO settings);
+                those not given come from the same per-env defaults as ``textgym train``
+                (:meth:`PPOConfig.for_env <textgym_agents.PPOConfig.for_env>`), with choice
+                decoding when :meth:`action_replies` names the replies.
         """
         if device is not None:
             model = model.to(device)
         if not (isinstance(batch_size, int) and batch_size >= 1):
             raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
-        self.policy = PPOPolicy(model, tokenizer, config=PPOConfig(**config), lora=lora)
+        replies = self.action_replies()
+        if replies is not None and (not isinstance(replies, Mapping) or not replies):
+            raise ValueError(
+                "action_replies() must return None or a non-empty dict {reply text: env action}, "
+                f"got {replies!r}"
+            )
+        self.replies: dict[str, Any] | None = dict(replies) if replies else None
+        if self.replies is None and type(self).extract_action is Agent.extract_action:
+            raise TypeError(
+                f"{type(self).__name__} must define extract_action() (free text) or "
+                "action_replies() (choice decoding)"
+            )
+        settings = {**env_defaults(list(replies) if replies else None, config), **config}
+        self.policy = PPOPolicy(model, tokenizer, config=PPOConfig(**settings), lora=lora)
         self.trainer = PPOTrainer(self.policy)
         self.batch_size = batch_size
         self.action_space = action_space
@@ -106,24 +126,60 @@ class Agent(ABC):
     def format_observation(self, observation: Any) -> str:
         """The user message for an env observation."""
 
-    @abstractmethod
+    def action_replies(self) -> Mapping[str, Any] | None:
+        """The replies the agent may give, each with its env action; None: free text.
+
+        Override it to train with choice decoding: the model's reply is always one of these
+        texts (sampled from its distribution over them), so no turn is invalid and
+        :meth:`extract_action` is not called.
+
+        Example:
+            >>> class Named(Agent):
+            ...     def get_system_prompt(self):
+            ...         return "Blackjack. Reply stay or hit."
+            ...     def format_observation(self, observation):
+            ...         return f"Your total is {observation[0]}."
+            ...     def action_replies(self):
+            ...         return {"stay": 0, "hit": 1}
+            >>> from textgym_agents.testing import tiny_model
+            >>> agent = Named(*tiny_model(), batch_size=1)
+            >>> agent.act((15, 10, 0)) in (0, 1), agent.policy.config.decoding
+            (True, 'choices')
+        """
+        return None
+
     def extract_action(self, response: str) -> Any:
-        """The env action in the model's reply (raising marks the turn invalid)."""
+        """The env action in the model's reply (raising marks the turn invalid).
+
+        Free-text agents override it; with :meth:`action_replies` the reply's action is looked
+        up there (an unknown text raises, so it is recorded invalid).
+        """
+        if self.replies is None:
+            raise NotImplementedError(
+                f"{type(self).__name__} must define extract_action() or action_replies()"
+            )
+        return self.replies[response]
 
     def act(self, observation: Any) -> Any:
         """Show the observation to the model, record its reply and return the env action."""
         self.current_episode_messages.append(
             {"role": "user", "content": self.format_observation(observation)}
         )
-        generation = self.policy.generate([self.current_episode_messages])
+        choices = [list(self.replies)] if self.replies else None
+        generation = self.policy.generate([self.current_episode_messages], choices=choices)
         response = generation.texts[0]
         self.current_episode_messages.append({"role": "assistant", "content": response})
         action, invalid = self._extract(response)
-        self.current_turns.append(
-            Turn(generation.prompt_ids[0], generation.response_ids[0], reward=0.0, invalid=invalid)
+        turn = Turn(
+            generation.prompt_ids[0],
+            generation.response_ids[0],
+            reward=0.0,
+            invalid=invalid,
+            choice_ids=generation.choice_ids[0] if generation.choice_ids else None,
         )
+        self.current_turns.append(turn)
         if invalid:
-            self.current_turns[-1].reward -= self.invalid_penalty
+            turn.reward -= self.invalid_penalty
         return action
 
     def _extract(self, response: str) -> tuple[Any, bool]:
@@ -206,13 +262,30 @@ class Agent(ABC):
 
         The formatter is :meth:`format_observation`, the parser :meth:`extract_action` and the
         system prompt :meth:`get_system_prompt`; the conversation keeps ``history`` past turns
-        (default 16, as the agent keeps its whole episode). Train it with ``PPOPolicy``.
+        (default 16, as the agent keeps its whole episode). Train it with ``PPOPolicy``. With
+        :meth:`action_replies` the env lists those replies (``reply_choices()``), so
+        ``evaluate(agent, agent.text_env(env))`` plays them with choice decoding too.
         """
         wrapper_kwargs.setdefault("history", 16)
+        parser = (
+            _NamedReplies(self.replies) if self.replies else FunctionParser(self.extract_action)
+        )
         return TextEnvWrapper(
             env,
             formatter=lambda obs, info: self.format_observation(obs),
-            parser=FunctionParser(self.extract_action),
+            parser=parser,
             system_prompt=self.get_system_prompt(),
             **wrapper_kwargs,
         )
+
+
+class _NamedReplies(FunctionParser):
+    """Parses exactly the named replies (:meth:`Agent.action_replies`) and lists them."""
+
+    def __init__(self, replies: Mapping[str, Any]) -> None:
+        super().__init__(replies.__getitem__)
+        self.replies = list(replies)
+
+    def choices(self) -> list[str] | None:
+        """Every valid reply."""
+        return list(self.replies)

@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
@@ -24,12 +26,15 @@ def run(script, *args, cwd):
     return result.stdout
 
 
-def test_blackjack_llamagym_loop(tiny_dir, tmp_path):
-    out = run(
-        "blackjack.py", "--episodes", "4", "--batch-size", "2", "--model", tiny_dir, cwd=tmp_path
-    )
+@pytest.mark.parametrize("mode", [[], ["--free-text"]], ids=["named-replies", "free-text"])
+def test_blackjack_llamagym_loop(tiny_dir, tmp_path, mode):
+    args = ["--episodes", "4", "--batch-size", "2", "--eval-episodes", "4", *mode]
+    out = run("blackjack.py", *args, "--model", tiny_dir, cwd=tmp_path)
     assert "loss/policy" in out
     assert "mean return of the last 4 episodes" in out
+    assert "greedy return on 4 held-out hands" in out and " ± " in out
+    if not mode:
+        assert "'env/invalid_rate': 0.0" in out  # named replies are never invalid
 
 
 def test_blackjack_text_env(tiny_dir, tmp_path):

@@ -110,3 +110,57 @@ def test_same_agent_definition_as_text_env_trains_with_ppo_policy():
     policy = PPOPolicy(*tiny_model(), config=agent.policy.config)
     metrics = policy.learn(envs, total_episodes=2, output_dir=None)
     assert math.isfinite(metrics["loss/policy"])
+
+
+class NamedAgent(Agent):
+    """LlamaGym's Blackjack agent that names its replies instead of parsing free text."""
+
+    def get_system_prompt(self):
+        return "You are an expert blackjack player. Reply stay or hit."
+
+    def format_observation(self, observation):
+        return f"Your current total is {observation[0]}"
+
+    def action_replies(self):
+        return {"stay": 0, "hit": 1}
+
+
+def test_named_replies_use_choice_decoding_and_are_never_invalid():
+    agent = make(NamedAgent, batch_size=4)
+    config = agent.policy.config
+    assert config.decoding == "choices" and config.temperature == 2.0  # env_defaults' choice
+    stats = play(agent, gym.make("Blackjack-v1"), 4)
+    update = stats[-1]
+    assert update is not None and update["env/invalid_rate"] == 0.0
+    assert math.isfinite(update["loss/policy"])
+    with_config = make(NamedAgent, temperature=1.0)
+    assert with_config.policy.config.temperature == 1.0  # given settings win
+
+
+def test_named_replies_text_env_lists_them_for_evaluation():
+    from textgym_agents import evaluate
+
+    agent = make(NamedAgent)
+    env = agent.text_env(gym.make("Blackjack-v1"))
+    assert env.reply_choices() == ["stay", "hit"]
+    result = evaluate(agent, env, n_episodes=4)
+    assert result["invalid_rate"] == 0.0 and result["episodes"] == 4
+
+
+def test_an_agent_needs_extract_action_or_action_replies():
+    class Mute(Agent):
+        def get_system_prompt(self):
+            return "x"
+
+        def format_observation(self, observation):
+            return "y"
+
+    with pytest.raises(TypeError, match="must define extract_action"):
+        make(Mute)
+
+    class Empty(NamedAgent):
+        def action_replies(self):
+            return {}
+
+    with pytest.raises(ValueError, match="non-empty dict"):
+        make(Empty)
