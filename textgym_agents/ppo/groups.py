@@ -16,11 +16,10 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 import numpy as np
-import torch
 from gymnasium.vector import VectorEnv
 
 from textgym_agents.ppo.buffer import RolloutBuffer, Turn
-from textgym_agents.ppo.rollout import RolloutCollector, _info_at
+from textgym_agents.ppo.rollout import RolloutCollector
 
 __all__ = ["GroupRolloutCollector", "default_anchor", "group_seeds"]
 
@@ -95,18 +94,13 @@ class GroupRolloutCollector(RolloutCollector):
         self.group_size = group_size
         self.anchor_key = anchor_key or default_anchor
         self.rounds = 0  # rounds played; the next round's seeds follow from it
+        self._groups: list[int] = []  # each env's group id in the current round
 
-    def reset(self, seed: int | None = None) -> None:
-        """Start the next round (``seed``: the base seed from now on, as after a resume)."""
-        if seed is not None:
+    def reset(self, seed: int | list[int] | None = None) -> None:
+        """Start the next round (an int ``seed``: the base seed from now on)."""
+        if isinstance(seed, int):
             self.seed = seed
-        seeds = group_seeds(self.seed, self.rounds, self.envs.num_envs, self.group_size)
-        observations, _ = self.envs.reset(seed=seeds)
-        self.observations = tuple(observations)
-        self.resetting[:] = False
-        self.returns[:] = 0
-        self.lengths[:] = 0
-        self.invalid[:] = 0
+        super().reset(group_seeds(self.seed, self.rounds, self.envs.num_envs, self.group_size))
 
     def collect(self, policy: Any, num_steps: int, buffer: RolloutBuffer) -> None:
         """Play whole rounds until at least ``num_steps`` steps had a model call."""
@@ -117,46 +111,25 @@ class GroupRolloutCollector(RolloutCollector):
     def _round(self, policy: Any, buffer: RolloutBuffer) -> int:
         self.reset()
         n = self.envs.num_envs
-        groups = [self.rounds * (n // self.group_size) + i // self.group_size for i in range(n)]
         self.rounds += 1
         ended = np.zeros(n, dtype=bool)
         last_action = [""] * n
         steps = 0
+        first = (self.rounds - 1) * (n // self.group_size)  # group ids unique in the rollout
+        self._groups = [first + i // self.group_size for i in range(n)]
         while not ended.all():
             active = np.flatnonzero(~ended).tolist()
             steps += 1
-            seen = [self.observations[i] for i in active]
-            generation = policy.generate(seen, **self._decoding_kwargs(policy, active))
-            actions = list(last_action)  # idle envs replay their last reply (see module doc)
-            for k, i in enumerate(active):
-                actions[i] = last_action[i] = generation.texts[k]
-            observations, rewards, terminations, truncations, infos = self.envs.step(actions)
-            observations = tuple(observations)
-            for k, i in enumerate(active):
-                done = bool(terminations[i]) or bool(truncations[i])
-                own = self._own_infos(infos, done)
-                turn = Turn(
-                    prompt_ids=generation.prompt_ids[k],
-                    response_ids=generation.response_ids[k],
-                    reward=float(rewards[i]),
-                    terminated=bool(terminations[i]),
-                    truncated=bool(truncations[i]) and not bool(terminations[i]),
-                    invalid=bool(_info_at(own, "invalid", i) or False),
-                    choice_ids=generation.choice_ids[k] if generation.choice_ids else None,
-                    group=groups[i],
-                    anchor=self.anchor_key(seen[k]),
-                )
-                if getattr(generation, "logps", None) is not None:  # scored by the rollout
-                    turn.old_logps = torch.tensor([generation.logps[k]])
-                    if generation.values is not None:
-                        turn.value = float(generation.values[k])
-                if turn.truncated:  # GAE bootstraps here; critic-free estimators ignore it
-                    turn.bootstrap_ids = policy.encode(self._final_obs(observations, infos, i))
-                buffer.add(i, turn)
-                self._track(i, turn, own)
-                ended[i] = done
-            self.observations = observations
+            # Idle envs replay their last reply (see the module docstring).
+            sent, terminations, truncations = self._play_step(policy, active, last_action, buffer)
+            for i in active:
+                last_action[i] = sent[i]
+            ended |= np.logical_or(terminations, truncations)
         return steps
+
+    def _annotate(self, turn: Turn, i: int, observation: Any) -> None:
+        turn.group = self._groups[i]
+        turn.anchor = self.anchor_key(observation)
 
     def state(self) -> dict[str, Any]:
         """What a checkpoint keeps: the rounds played (no round is ever in flight then)."""

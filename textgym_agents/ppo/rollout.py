@@ -76,8 +76,8 @@ class RolloutCollector:
         self._choices: list[list[str] | None] | None | bool = False  # looked up when needed
         self._schemas: list[dict[str, Any] | None] | None | bool = False
 
-    def reset(self, seed: int | None = None) -> None:
-        """Start fresh episodes in every env."""
+    def reset(self, seed: int | list[int] | None = None) -> None:
+        """Start fresh episodes in every env (``seed``: one int, or one per env)."""
         observations, _ = self.envs.reset(seed=self.seed if seed is None else seed)
         self.observations = tuple(observations)
         self.resetting[:] = False
@@ -94,38 +94,55 @@ class RolloutCollector:
             active = [i for i in range(self.envs.num_envs) if not self.resetting[i]]
             # A step in which every env only resets generates nothing and does not count.
             steps += bool(active)
-            kwargs = self._decoding_kwargs(policy, active)
-            generation = policy.generate([self.observations[i] for i in active], **kwargs)
-            actions = [""] * self.envs.num_envs  # ignored by envs that are resetting
-            for k, i in enumerate(active):
-                actions[i] = generation.texts[k]
-            observations, rewards, terminations, truncations, infos = self.envs.step(actions)
-            observations = tuple(observations)
-            for k, i in enumerate(active):
-                own = self._own_infos(infos, bool(terminations[i]) or bool(truncations[i]))
-                turn = Turn(
-                    prompt_ids=generation.prompt_ids[k],
-                    response_ids=generation.response_ids[k],
-                    reward=float(rewards[i]),
-                    terminated=bool(terminations[i]),
-                    truncated=bool(truncations[i]) and not bool(terminations[i]),
-                    invalid=bool(_info_at(own, "invalid", i) or False),
-                    choice_ids=generation.choice_ids[k] if generation.choice_ids else None,
-                )
-                if getattr(generation, "logps", None) is not None:  # scored by the rollout
-                    turn.old_logps = torch.tensor([generation.logps[k]])
-                    if generation.values is not None:  # None: critic-free
-                        turn.value = float(generation.values[k])
-                if turn.truncated:
-                    turn.bootstrap_ids = policy.encode(self._final_obs(observations, infos, i))
-                buffer.add(i, turn)
-                self._track(i, turn, own)
+            idle = [""] * self.envs.num_envs  # ignored by envs that are resetting
+            _, terminations, truncations = self._play_step(policy, active, idle, buffer)
             if self.mode == AutoresetMode.NEXT_STEP:
                 self.resetting = np.logical_or(terminations, truncations)
-            self.observations = observations
         for i in range(self.envs.num_envs):
             if not self.resetting[i]:
                 buffer.set_bootstrap(i, policy.encode(self.observations[i]))
+
+    def _play_step(
+        self, policy: Any, active: list[int], idle_actions: list[Any], buffer: RolloutBuffer
+    ) -> tuple[list[str], np.ndarray, np.ndarray]:
+        """One generation call for envs ``active`` and one env step; records their turns.
+
+        Envs not in ``active`` are sent ``idle_actions[i]``. Each turn is added to ``buffer``
+        (stream ``i``) and to the episode statistics, after :meth:`_annotate`. Returns the
+        replies sent (per env) and the step's terminations and truncations.
+        """
+        seen = [self.observations[i] for i in active]  # type: ignore[index]
+        generation = policy.generate(seen, **self._decoding_kwargs(policy, active))
+        actions = list(idle_actions)
+        for k, i in enumerate(active):
+            actions[i] = generation.texts[k]
+        observations, rewards, terminations, truncations, infos = self.envs.step(actions)
+        observations = tuple(observations)
+        for k, i in enumerate(active):
+            own = self._own_infos(infos, bool(terminations[i]) or bool(truncations[i]))
+            turn = Turn(
+                prompt_ids=generation.prompt_ids[k],
+                response_ids=generation.response_ids[k],
+                reward=float(rewards[i]),
+                terminated=bool(terminations[i]),
+                truncated=bool(truncations[i]) and not bool(terminations[i]),
+                invalid=bool(_info_at(own, "invalid", i) or False),
+                choice_ids=generation.choice_ids[k] if generation.choice_ids else None,
+            )
+            if getattr(generation, "logps", None) is not None:  # scored by the rollout
+                turn.old_logps = torch.tensor([generation.logps[k]])
+                if generation.values is not None:  # None: critic-free
+                    turn.value = float(generation.values[k])
+            if turn.truncated:
+                turn.bootstrap_ids = policy.encode(self._final_obs(observations, infos, i))
+            self._annotate(turn, i, seen[k])
+            buffer.add(i, turn)
+            self._track(i, turn, own)
+        self.observations = observations
+        return actions, terminations, truncations
+
+    def _annotate(self, turn: Turn, i: int, observation: Any) -> None:
+        """Add what a subclass records per turn (env ``i`` answered ``observation``)."""
 
     def _decoding_kwargs(self, policy: Any, active: list[int]) -> dict[str, Any]:
         """The valid replies or reply schemas of envs ``active``, if the policy uses them."""

@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+import logging
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,6 +16,8 @@ import torch
 
 from textgym_agents.ppo import core
 from textgym_agents.ppo.buffer import Turn
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "STEP_STATS",
@@ -155,3 +159,37 @@ def minibatch_loss(
         for key, value in micro_stats.items():
             stats[key] = stats.get(key, 0.0) + value
     return stats
+
+
+def bootstrap_values(policy: Any, turns: list[Turn], micro_batch_size: int) -> None:
+    """Set ``bootstrap_value`` of the turns that have ``bootstrap_ids`` (the critic's value)."""
+    pending = [t for t in turns if t.bootstrap_ids is not None]
+    for start in range(0, len(pending), micro_batch_size):
+        chunk = pending[start : start + micro_batch_size]
+        values = policy.prompt_values([t.bootstrap_ids for t in chunk])
+        for turn, value in zip(chunk, values.tolist(), strict=True):
+            turn.bootstrap_value = value
+
+
+def skip_nonfinite_step(
+    step_stats: dict[str, float], optimizer: torch.optim.Optimizer, update: int, epoch: int
+) -> bool:
+    """Drop this step's gradient, with a warning, if its loss or gradient norm is NaN/inf.
+
+    A NaN step would poison the weights and Adam's moments for good, so the caller skips
+    ``optimizer.step()`` when this returns True (and counts the step). ``update`` and
+    ``epoch`` (1-based) name the step in the warning.
+    """
+    loss, grad_norm = step_stats["loss/total"], step_stats["policy/grad_norm"]
+    if math.isfinite(loss) and math.isfinite(grad_norm):
+        return False
+    logger.warning(
+        "Update %d, epoch %d: non-finite loss (%s) or gradient norm (%s); "
+        "skipping this optimizer step",
+        update,
+        epoch,
+        loss,
+        grad_norm,
+    )
+    optimizer.zero_grad(set_to_none=True)
+    return True

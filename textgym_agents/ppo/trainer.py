@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import logging
 import math
 import time
 from collections.abc import Callable, Hashable, Iterator
@@ -33,16 +32,16 @@ from textgym_agents.ppo.run import TrainingRun
 from textgym_agents.ppo.steps import (
     STEP_STATS,
     VALUE_STATS,
+    bootstrap_values,
     minibatch_loss,
     minibatches,
     score_inputs,
+    skip_nonfinite_step,
 )
 from textgym_agents.ppo.tracked import TrackedVectorEnv
 from textgym_agents.tracking import rollout_stats
 
 __all__ = ["NonFiniteUpdateError", "PPOTrainer"]
-
-logger = logging.getLogger(__name__)
 
 
 class PPOTrainer:
@@ -230,13 +229,8 @@ class PPOTrainer:
                 ref = policy.score(**score_inputs(turns, micro), adapter=False)
                 for row, i in enumerate(micro):
                     turns[i].ref_logps = ref.logps[row, : turns[i].scored_tokens].cpu()
-        pending = [t for t in turns if t.bootstrap_ids is not None] if critic else []
-        size = self.config.micro_batch_size
-        for start in range(0, len(pending), size):
-            chunk = pending[start : start + size]
-            values = policy.prompt_values([t.bootstrap_ids for t in chunk])
-            for turn, value in zip(chunk, values.tolist(), strict=True):
-                turn.bootstrap_value = value
+        if critic:
+            bootstrap_values(policy, turns, self.config.micro_batch_size)
 
     def compute_advantages(self, buffer: RolloutBuffer) -> None:
         """Advantages of the scored buffer; sets each turn's ``kl``, ``advantage``, ``returns``.
@@ -292,7 +286,7 @@ class PPOTrainer:
             minibatches = list(self._minibatches(epoch_order, turns))
             for minibatch in minibatches + [[]] * (steps - len(minibatches)):
                 step_stats = self._gradient(turns, minibatch, params)
-                if self._skip_nonfinite_step(step_stats, epoch):
+                if skip_nonfinite_step(step_stats, self.optimizer, self.update_step + 1, epoch + 1):
                     skipped += 1
                     continue
                 self.optimizer.step()
@@ -340,26 +334,6 @@ class PPOTrainer:
         grad_norm = torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm)
         step_stats["policy/grad_norm"] = float(grad_norm)
         return step_stats
-
-    def _skip_nonfinite_step(self, step_stats: dict[str, float], epoch: int) -> bool:
-        """Drop this step's gradient, with a warning, if its loss or gradient norm is NaN/inf.
-
-        A NaN step would poison the weights and Adam's moments for good, so the caller skips
-        ``optimizer.step()`` when this returns True (and counts the step).
-        """
-        loss, grad_norm = step_stats["loss/total"], step_stats["policy/grad_norm"]
-        if math.isfinite(loss) and math.isfinite(grad_norm):
-            return False
-        logger.warning(
-            "Update %d, epoch %d: non-finite loss (%s) or gradient norm (%s); "
-            "skipping this optimizer step",
-            self.update_step + 1,
-            epoch + 1,
-            loss,
-            grad_norm,
-        )
-        self.optimizer.zero_grad(set_to_none=True)
-        return True
 
     def _update_metrics(
         self,
