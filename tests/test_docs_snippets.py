@@ -13,11 +13,11 @@ What is substituted, so that they run offline in seconds:
   without a model load the tiny random Llama of ``textgym_agents.testing.tiny_model`` (the
   ``tiny_dir`` fixture) in float32 instead of the embedded SmolLM2.
 - Sizes, in the block's source text (`SMALL`): an integer keyword argument ``total_episodes=``,
-  ``n_episodes=``, ``num_envs=`` or ``max_steps=`` above 2 becomes 2, and
+  ``n_episodes=``, ``num_envs=``, ``group_size=`` or ``max_steps=`` above 2 becomes 2, and
   ``max_completion_length=`` becomes 8.
 - ``OPENAI_API_KEY`` is unset, so a block that calls a chat API only when it is set skips it.
 - `PRELUDES`: imports run before the first block of a page whose blocks use names they do not
-  import (docs/estimators.md, which this change may not edit).
+  import (none today: every page's blocks import what they use).
 
 Pages whose blocks train for real (SFT, GRPO: tens of seconds even with the tiny model) are in
 the slow tier (`SLOW_PAGES`); the README and the other pages run in the fast tier.
@@ -37,18 +37,12 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 FENCE = re.compile(r"^```python[ \t]*\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
 SMALL = {
-    re.compile(r"\b(total_episodes|n_episodes|num_envs|max_steps)=(\d[\d_]*)\b"): (
+    re.compile(r"\b(total_episodes|n_episodes|num_envs|group_size|max_steps)=(\d[\d_]*)\b"): (
         lambda m: f"{m[1]}={min(int(m[2]), 2)}"
     ),
     re.compile(r"\bmax_completion_length=\d+\b"): lambda m: "max_completion_length=8",
 }
-PRELUDES = {
-    "docs/estimators.md": (
-        "import gymnasium as gym\n"
-        "import textgym\n"
-        "from textgym_agents import PPOConfig, PPOPolicy, PPOTrainer\n"
-    ),
-}
+PRELUDES: dict[str, str] = {}
 
 
 def python_blocks(path: Path) -> list[tuple[int, str]]:
