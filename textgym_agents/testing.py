@@ -206,13 +206,30 @@ def paying_choice_env() -> gym.Env:
     )
 
 
-def paying_choice_policy(config: Any) -> Any:
+PAYING_CHOICE_SETTINGS = {
+    "num_steps": 1,
+    "max_new_tokens": 1,
+    "minibatch_size": 16,
+    "micro_batch_size": 16,
+    "num_epochs": 4,
+    "learning_rate": 1e-2,
+    "kl_coef": 0.0,
+    "seed": 0,
+}
+"""PPO settings under which :func:`paying_choice_policy` learns within a few updates (16 envs)."""
+
+
+def paying_choice_policy(**settings: Any) -> Any:
     """A tiny word-level model that starts near uniform, LoRA on every linear layer.
 
     It samples every word from the first update, so a learning test sees within a few updates
-    whether training makes it prefer "yes" in :func:`paying_choice_env`.
+    whether training makes it prefer "yes" in :func:`paying_choice_env`. ``settings`` override
+    :data:`PAYING_CHOICE_SETTINGS`.
     """
     from textgym_agents.policy import PPOPolicy
+    from textgym_agents.ppo.config import PPOConfig
+
+    config = PPOConfig(**{**PAYING_CHOICE_SETTINGS, **settings})
 
     torch.manual_seed(0)  # LoRA init and sampling: not whatever earlier tests left
     model, tokenizer = tiny_model(word_tokenizer(PAYING_WORDS), tie_word_embeddings=False)

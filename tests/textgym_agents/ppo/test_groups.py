@@ -176,19 +176,8 @@ def test_groups_work_with_every_decoding_mode(settings):
 @pytest.mark.parametrize("estimator", ["grpo", "rloo", "gigpo", "reinforce"])
 def test_tiny_model_learns_the_paying_choice(estimator):
     """Each critic-free estimator makes a tiny model prefer the paying reply (> 90% greedy)."""
-    config = PPOConfig(
-        num_steps=1,
-        max_new_tokens=1,
-        minibatch_size=16,
-        micro_batch_size=16,
-        num_epochs=4,
-        learning_rate=1e-2,
-        kl_coef=0.0,
-        seed=0,
-        advantage_estimator=estimator,
-        group_size=1 if estimator == "reinforce" else 4,
-    )
-    policy = paying_choice_policy(config)
+    group_size = 1 if estimator == "reinforce" else 4
+    policy = paying_choice_policy(advantage_estimator=estimator, group_size=group_size)
     trainer = PPOTrainer(policy, gym.vector.SyncVectorEnv([paying_choice_env] * 16))
     prompts = [paying_choice_env().reset(seed=seed)[0] for seed in range(16)]
     rates = []

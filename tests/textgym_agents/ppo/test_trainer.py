@@ -183,17 +183,7 @@ def test_same_step_autoreset_keeps_the_invalid_flag_of_the_final_turn(policy):
 
 def test_policy_learns_to_prefer_paying_reply():
     """A tiny model learns that "yes" pays: > 90% of greedy replies within 20 updates."""
-    config = PPOConfig(
-        num_steps=1,
-        max_new_tokens=1,
-        minibatch_size=16,
-        micro_batch_size=16,
-        num_epochs=4,
-        learning_rate=1e-2,
-        kl_coef=0.0,
-        seed=0,
-    )
-    policy = paying_choice_policy(config)
+    policy = paying_choice_policy()
     envs = gym.vector.SyncVectorEnv([paying_choice_env for _ in range(16)])
     trainer = PPOTrainer(policy, envs)
     prompts = [paying_choice_env().reset(seed=seed)[0] for seed in range(16)]
