@@ -40,11 +40,12 @@ from textgym_agents.ppo.trainer import PPOTrainer
 
 try:
     import blackjack_exact
-    from blackjack_learning import exact_return
+    from blackjack_learning import greedy_table
 except ImportError:  # imported as benchmarks.learning_suite
     from benchmarks import blackjack_exact
-    from benchmarks.blackjack_learning import exact_return
+    from benchmarks.blackjack_learning import greedy_table
 
+LAST_TABLE: list[str] = []  # Blackjack: the greedy reply (H/S) in each state of the last score
 EVAL_SEED = 1_000_000  # held-out: training seeds are derived from small config seeds
 ENVS: dict[str, dict[str, Any]] = {
     "blackjack": {"id": "textgym/Blackjack-v1", "kwargs": {}, "optimal": -0.0431},
@@ -72,7 +73,9 @@ def score(policy: Any, env_name: str, episodes: int) -> tuple[float, float]:
     env = gym.make(spec["id"], **spec["kwargs"])
     try:
         if env_name == "blackjack" and policy is not None:
-            return exact_return(policy, env), 0.0
+            table = greedy_table(policy, env)
+            LAST_TABLE[:] = [table[state][0].upper() for state in blackjack_exact.states()]
+            return blackjack_exact.expected_return(lambda *state: table[state]), 0.0
         result = evaluate(policy, env, episodes, seed=EVAL_SEED)
         return float(result["mean_return"]), float(result["std_return"]) / math.sqrt(episodes)
     finally:
@@ -135,7 +138,10 @@ def run_cell(args: argparse.Namespace, env_name: str, estimator: str, seed: int)
         value, se = score(policy, env_name, args.eval_episodes)
         eval_seconds[0] += time.perf_counter() - eval_start
         with curve_file.open("a") as out:
-            out.write(json.dumps({"episodes": done, "return": value, "se": se}) + "\n")
+            row = {"episodes": done, "return": value, "se": se}
+            if env_name == "blackjack":  # which of the 280 states it hits in, in states() order
+                row["hits"] = "".join(LAST_TABLE)
+            out.write(json.dumps(row) + "\n")
         print(f"  {env_name} {estimator} seed {seed}: {done} episodes, greedy {value:.4f}")
 
     resume = latest_checkpoint(cell / "run") if (cell / "run").exists() else None
