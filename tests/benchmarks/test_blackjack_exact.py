@@ -58,6 +58,7 @@ def within(exact, returns, n_se=4.0):
     return abs(exact - returns.mean()) < n_se * se
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "decide",
     [
@@ -76,6 +77,7 @@ def test_exact_return_matches_the_gymnasium_env(decide):
     assert seen <= set(blackjack_exact.states())  # every state the env shows has a decision
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rules", [{"sab": False}, {"sab": False, "natural": True}])
 def test_natural_rules_match_on_the_same_deals(rules):
     """Only naturals differ between the rules, so paired hands resolve a 0.002 difference."""

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # a subprocess per example
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 

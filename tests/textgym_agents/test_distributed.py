@@ -235,12 +235,14 @@ def launched(tiny_dir, tmp_path_factory):
     return reports, out
 
 
+@pytest.mark.slow
 def test_two_processes_join_one_gloo_group(launched):
     reports, _ = launched
     assert [r["rank"] for r in reports] == [0, 1]
     assert all(r["world_size"] == 2 and r["device"] == "cpu" for r in reports)
 
 
+@pytest.mark.slow
 def test_gradients_are_those_of_the_global_batch(launched):
     reports, _ = launched
     for report in reports:
@@ -256,6 +258,7 @@ def test_gradients_are_those_of_the_global_batch(launched):
     assert reports[0]["uneven"] == reports[1]["uneven"]
 
 
+@pytest.mark.slow
 def test_processes_hold_identical_parameters_after_each_update(launched):
     reports, _ = launched
     first, second = (r["updates"] for r in reports)
@@ -266,6 +269,7 @@ def test_processes_hold_identical_parameters_after_each_update(launched):
     assert first[-1]["weights"] != reports[0]["initial"]  # and they did train
 
 
+@pytest.mark.slow
 def test_global_batch_is_the_sum_of_the_local_batches(launched):
     reports, out = launched
     first, second = (r["updates"] for r in reports)
@@ -281,6 +285,7 @@ def test_global_batch_is_the_sum_of_the_local_batches(launched):
     assert lines[-1]["env/episodes"] >= 10 > lines[-2]["env/episodes"]  # global episodes
 
 
+@pytest.mark.slow
 def test_only_the_main_process_writes_the_run(launched):
     reports, out = launched
     run = out / "run"
@@ -295,6 +300,7 @@ def test_only_the_main_process_writes_the_run(launched):
     assert (run / "learning_curve.png").read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.slow
 def test_resume_on_both_processes_reproduces_the_run_exactly(launched):
     reports, out = launched
     assert reports[0]["straight"] == reports[1]["straight"]
@@ -311,6 +317,7 @@ def test_resume_on_both_processes_reproduces_the_run_exactly(launched):
 TIMING = ("time", "throughput/")
 
 
+@pytest.mark.slow
 def test_groups_stay_on_one_process_and_resume_exactly(launched):
     """Each process plays its own groups: members share a start; processes' starts differ."""
     reports, _ = launched
@@ -358,6 +365,7 @@ SIGNAL_WORKER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_every_process_after_one_checkpoint(tiny_dir, tmp_path):
     """SIGINT to the launcher reaches each worker once; they stop together, nothing hangs."""
     script = tmp_path / "worker.py"
@@ -393,6 +401,7 @@ def test_ctrl_c_stops_every_process_after_one_checkpoint(tiny_dir, tmp_path):
     assert (checkpoint / "rank1.json").is_file()  # process 1's state came along
 
 
+@pytest.mark.slow
 def test_cli_train_under_accelerate_launch(tiny_dir, tmp_path):
     args = ["-m", "textgym.cli", "train", "--model", tiny_dir, "--episodes", "8"]
     args += ["--eval-episodes", "2", "--num-envs", "2", "--num-steps", "2"]

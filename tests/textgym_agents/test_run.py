@@ -198,14 +198,23 @@ GIGPO = {"advantage_estimator": "gigpo", "group_size": 3}
 
 @pytest.mark.parametrize(
     ("env_id", "env_kwargs", "decoding", "estimator"),
+    # the fast tier keeps one GAE run (free decoding) and one group run (choices)
     [
         ("textgym/Blackjack-v1", {}, "free", {}),
-        ("textgym/Blackjack-v1", {}, "choices", {}),
+        pytest.param("textgym/Blackjack-v1", {}, "choices", {}, marks=pytest.mark.slow),
         # invalid replies do not end CartPole episodes here: they run across checkpoints
-        ("textgym/CartPole-v1", {"max_invalid": 1000}, "free", {}),
+        pytest.param(
+            "textgym/CartPole-v1", {"max_invalid": 1000}, "free", {}, marks=pytest.mark.slow
+        ),
         # seed-shared groups: every checkpoint falls between rounds; the seeds go on
         ("textgym/Blackjack-v1", {}, "choices", GIGPO),
-        ("textgym/FrozenLake-v1", {}, "free", {**GIGPO, "max_new_tokens": 3}),
+        pytest.param(
+            "textgym/FrozenLake-v1",
+            {},
+            "free",
+            {**GIGPO, "max_new_tokens": 3},
+            marks=pytest.mark.slow,
+        ),
     ],
     ids=["blackjack", "blackjack-choices", "cartpole-long-episodes", "gigpo", "gigpo-free"],
 )

@@ -174,6 +174,7 @@ def stop_after_first_update(tiny_dir, tmp_path, signum):
     return process.returncode, stderr
 
 
+@pytest.mark.slow
 def test_sigterm_saves_a_checkpoint_and_exits_143(tiny_dir, tmp_path):
     code, stderr = stop_after_first_update(tiny_dir, tmp_path, signal.SIGTERM)
     assert code == 143, stderr

@@ -309,6 +309,7 @@ def wait_for_updates(tmp_path, child, count):
         time.sleep(0.1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_signal_from_outside_exits_cleanly_with_a_checkpoint(tiny_dir, tmp_path, signum):
     child = start_child(tmp_path, tiny_dir, save_every=1000)
