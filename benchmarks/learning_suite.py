@@ -35,7 +35,6 @@ from textgym_agents import PPOConfig, PPOPolicy, evaluate
 from textgym_agents.checkpoint import latest_checkpoint
 from textgym_agents.cli.runs import episodes_done
 from textgym_agents.exceptions import SIGTERMExit
-from textgym_agents.ppo.defaults import env_defaults
 from textgym_agents.ppo.trainer import PPOTrainer
 
 try:
@@ -57,13 +56,6 @@ ENVS: dict[str, dict[str, Any]] = {
     },
     "cliffwalking": {"id": "textgym/CliffWalking-v1", "kwargs": {}, "optimal": -13.0},
     "calculator": {"id": "textgym/Calculator-v0", "kwargs": {}, "optimal": None},
-}
-ESTIMATOR_SETTINGS = {
-    "gae": {"advantage_estimator": "gae"},
-    "grpo": {"advantage_estimator": "grpo"},
-    "rloo": {"advantage_estimator": "rloo"},
-    "gigpo": {"advantage_estimator": "gigpo"},
-    "reinforce": {"advantage_estimator": "reinforce"},
 }
 
 
@@ -109,13 +101,11 @@ def run_cell(args: argparse.Namespace, env_name: str, estimator: str, seed: int)
         return json.loads(result_file.read_text())
     spec = ENVS[env_name]
     envs = gym.make_vec(spec["id"], num_envs=args.num_envs, **spec["kwargs"])
-    given: dict[str, Any] = {"seed": seed, **ESTIMATOR_SETTINGS[estimator]}
+    given: dict[str, Any] = {"seed": seed, "advantage_estimator": estimator}
     if estimator != "gae":
         given["group_size"] = args.group_size
     given.update(json.loads(args.settings))
-    choices = reply_choices(envs)
-    settings = env_defaults(choices[0] if choices else None, given)
-    config = PPOConfig(**{**settings, **given, "progress": False})
+    config = PPOConfig.for_env(envs, **given, progress=False)
     policy = PPOPolicy.from_pretrained(args.model, config=config)
     curve_file = cell / "curve.jsonl"
     cell.mkdir(parents=True, exist_ok=True)

@@ -107,7 +107,8 @@ class Agent(ABC):
                 f"{type(self).__name__} must define extract_action() (free text) or "
                 "action_replies() (choice decoding)"
             )
-        settings = {**env_defaults(list(replies) if replies else None, config), **config}
+        names = list(self.replies) if self.replies else None
+        settings = {**env_defaults(names, config), **config}
         self.policy = PPOPolicy(model, tokenizer, config=PPOConfig(**settings), lora=lora)
         self.trainer = PPOTrainer(self.policy)
         self.batch_size = batch_size
@@ -152,13 +153,10 @@ class Agent(ABC):
         """The env action in the model's reply (raising marks the turn invalid).
 
         Free-text agents override it; with :meth:`action_replies` the reply's action is looked
-        up there (an unknown text raises, so it is recorded invalid).
+        up there (an unknown text raises, so it is recorded invalid). An agent with neither is
+        refused at construction.
         """
-        if self.replies is None:
-            raise NotImplementedError(
-                f"{type(self).__name__} must define extract_action() or action_replies()"
-            )
-        return self.replies[response]
+        return self.replies[response]  # type: ignore[index]
 
     def act(self, observation: Any) -> Any:
         """Show the observation to the model, record its reply and return the env action."""

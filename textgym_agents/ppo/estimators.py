@@ -217,7 +217,8 @@ def assign_critic_free(
             ``normalize_by_std``, ``step_advantage_weight``, ``step_gamma``, ``gamma``).
         beta: KL penalty coefficient: a turn's reward is ``reward - beta * kl``.
         gather: For REINFORCE under several processes: returns every process's values
-            concatenated and where this process's start, so the batch statistics are global.
+            concatenated and where this process's start, so the batch statistics are global
+            (None: this process's batch is the whole batch).
             (Groups never straddle processes, so the group estimators need no gathering.)
     """
     trajectories = [
@@ -231,9 +232,9 @@ def assign_critic_free(
     estimator = config.advantage_estimator
     gamma = config.step_gamma if estimator == "gigpo" else config.gamma
     returns = [returns_to_go(t.rewards, gamma) for t in trajectories]
-    if estimator == "reinforce" and gather is not None:
+    if estimator == "reinforce":  # normalised over the batch: every process's, if gathered
         mine = np.concatenate(returns or [np.zeros(0)])
-        every, start = gather(mine)
+        every, start = gather(mine) if gather is not None else (mine, 0)
         flat = normalize(every, config.normalize_by_std)[start : start + len(mine)]
         advantages = _split(flat, [len(t.rewards) for t in trajectories])
     else:

@@ -111,12 +111,12 @@ class GroupRolloutCollector(RolloutCollector):
     def _round(self, policy: Any, buffer: RolloutBuffer) -> int:
         self.reset()
         n = self.envs.num_envs
+        first = self.rounds * (n // self.group_size)  # group ids unique in the rollout
+        self._groups = [first + i // self.group_size for i in range(n)]
         self.rounds += 1
         ended = np.zeros(n, dtype=bool)
         last_action = [""] * n
         steps = 0
-        first = (self.rounds - 1) * (n // self.group_size)  # group ids unique in the rollout
-        self._groups = [first + i // self.group_size for i in range(n)]
         while not ended.all():
             active = np.flatnonzero(~ended).tolist()
             steps += 1
