@@ -28,6 +28,7 @@ from textgym.wrappers import TextEnvWrapper
 
 __all__ = [
     "DIFFICULTIES",
+    "EXAMPLE_EPISODE",
     "SYSTEM_PROMPT",
     "CalculatorEnv",
     "CalculatorParser",
@@ -46,6 +47,14 @@ SYSTEM_PROMPT = (
     "result, then give the final answer as a plain number. The calculator understands "
     "numbers, + - * / // % ** (power), parentheses and sqrt(x). It replies with "
     '"Observation: <result>" or "Observation: error: <reason>".'
+)
+# A worked episode, appended to SYSTEM_PROMPT by default: a 135M model copies a pattern better
+# than it follows instructions, so it answers in this JSON form and stops calling the tool once
+# it has the result (examples/calculator_tool_agent.py; docs/text-envs.md).
+EXAMPLE_EPISODE = (
+    "\n\nExample:\nUser: What is 123 * 456?\n"
+    'Assistant: {"tool": "calculator", "expression": "123 * 456"}\n'
+    'User: Observation: 56088\nAssistant: {"answer": "56088"}'
 )
 _NOT_A_COMMAND = "expected 'Action: calculator(<expression>)' or 'Answer: <number>'"
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
@@ -272,8 +281,10 @@ def make_calculator_text_env(
         max_turns: Env steps after which an episode without an answer is truncated.
         render_mode: None or ``"ansi"``.
         **wrapper_kwargs: Passed to :class:`~textgym.wrappers.TextEnvWrapper`; ``history``
-            defaults to 4, ``system_prompt`` to :data:`SYSTEM_PROMPT`, ``parser`` to
-            :class:`CalculatorParser` and ``formatter`` to the identity.
+            defaults to 4, ``system_prompt`` to :data:`SYSTEM_PROMPT` followed by
+            :data:`EXAMPLE_EPISODE` (pass ``system_prompt=SYSTEM_PROMPT`` to leave the worked
+            episode out), ``parser`` to :class:`CalculatorParser` and ``formatter`` to the
+            identity.
 
     Example:
         >>> env = make_calculator_text_env(difficulty="add")
@@ -289,6 +300,6 @@ def make_calculator_text_env(
     env = CalculatorEnv(difficulty, rewards=rewards, max_turns=max_turns, render_mode=render_mode)
     wrapper_kwargs.setdefault("formatter", _observation_text)
     wrapper_kwargs.setdefault("parser", CalculatorParser())
-    wrapper_kwargs.setdefault("system_prompt", SYSTEM_PROMPT)
+    wrapper_kwargs.setdefault("system_prompt", SYSTEM_PROMPT + EXAMPLE_EPISODE)
     wrapper_kwargs.setdefault("history", 4)
     return TextEnvWrapper(env, **wrapper_kwargs)

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+import gymnasium as gym
 
 from textgym.cli_common import (
     DEFAULT_ENV,
@@ -22,6 +25,7 @@ from textgym.cli_common import (
     positive_int,
     reply_choices,
 )
+from textgym.episodes import reply_schemas
 from textgym.plugins import FunctionCommand
 from textgym_agents.cli.common import from_pretrained, import_agents
 from textgym_agents.cli.runs import read_run_info, resolve_policy
@@ -31,11 +35,13 @@ __all__ = [
     "EVAL_SEED",
     "eval_command",
     "evaluate_policy",
+    "format_gap",
     "format_table",
     "load_policy",
     "plot_command",
     "run_eval",
     "run_plot",
+    "standard_error",
 ]
 
 EVAL_SEED = 10_000  # evaluation episodes differ from the training ones (seeded from 0)
@@ -124,16 +130,19 @@ def configure_plot(parser: argparse.ArgumentParser) -> None:
 
 
 def load_policy(
-    target: str, choices: list[str] | None, decoding: str | None = None
+    target: str, env: gym.Env[Any, Any] | None, decoding: str | None = None
 ) -> tuple[Any, str]:
-    """Load what ``target`` names (see :func:`resolve_policy`) as a policy for the env.
+    """Load what ``target`` names (see :func:`resolve_policy`) as a policy for ``env``.
 
     A fresh model gets the decoding :func:`~textgym_agents.ppo.defaults.env_defaults` picks
-    for the env's ``choices``; ``decoding`` overrides the decoding of any policy.
+    for the env's valid replies or reply schema; ``decoding`` overrides the decoding of any
+    policy.
     """
     kind, where, label = resolve_policy(target)
     agents = import_agents()
-    overrides = env_defaults(choices, {"decoding": decoding} if decoding else {})
+    choices = reply_choices(env) if env is not None else None
+    schema = reply_schemas(env) if env is not None else None
+    overrides = env_defaults(choices, {"decoding": decoding} if decoding else {}, schema=schema)
     keys = ("decoding", "reply_prefix", "stop_strings", "max_new_tokens")
     overrides = {k: v for k, v in overrides.items() if k in keys}
     if decoding:
@@ -163,16 +172,38 @@ def evaluate_policy(
     return agents.evaluate(policy, env, n_episodes=episodes, **kwargs)
 
 
+def standard_error(result: Mapping[str, Any]) -> float:
+    """Standard error of an :func:`~textgym_agents.evaluate` result's mean return."""
+    return float(result["std_return"]) / math.sqrt(max(int(result["episodes"]), 1))
+
+
+def format_gap(before: Mapping[str, Any], after: Mapping[str, Any]) -> str:
+    """How far ``after``'s mean return is from ``before``'s, in standard errors.
+
+    The standard error of the difference treats the two evaluations as independent, which
+    is conservative when they play the same episodes.
+
+    Example:
+        >>> before = {"mean_return": -0.3, "std_return": 0.5, "episodes": 25}
+        >>> print(format_gap(before, {"mean_return": 0.5, "std_return": 0.5, "episodes": 25}))
+        change in mean return: +0.800 (s.e. 0.141): 5.7 standard errors
+    """
+    change = float(after["mean_return"]) - float(before["mean_return"])
+    se = math.hypot(standard_error(before), standard_error(after))
+    sigmas = f"{change / se:.1f} standard errors" if se > 0 else "no spread"
+    return f"change in mean return: {change:+.3f} (s.e. {se:.3f}): {sigmas}"
+
+
 def format_table(rows: list[tuple[str, str, Mapping[str, Any]]]) -> str:
     """An evaluation table: one row per ``(name, env id, evaluate() result)``.
 
     Example:
         >>> result = {"mean_return": -0.2, "std_return": 0.9, "invalid_rate": 0.0, "episodes": 8}
         >>> print(format_table([("base model", "textgym/Blackjack-v1", result)]))
-        policy      env                   episodes  mean return    std  success  invalid
-        base model  textgym/Blackjack-v1         8       -0.200  0.900        -     0.0%
+        policy      env                   episodes  mean return    std   s.e.  success  invalid
+        base model  textgym/Blackjack-v1         8       -0.200  0.900  0.318        -     0.0%
     """
-    header = ["policy", "env", "episodes", "mean return", "std", "success", "invalid"]
+    header = ["policy", "env", "episodes", "mean return", "std", "s.e.", "success", "invalid"]
     lines = [header]
     for name, env_id, r in rows:
         success = r.get("success_rate")
@@ -183,6 +214,7 @@ def format_table(rows: list[tuple[str, str, Mapping[str, Any]]]) -> str:
                 str(r["episodes"]),
                 f"{r['mean_return']:.3f}",
                 f"{r['std_return']:.3f}",
+                f"{standard_error(r):.3f}",
                 "-" if success is None else f"{success:.1%}",
                 f"{r['invalid_rate']:.1%}",
             ]
@@ -209,7 +241,7 @@ def run_eval(args: argparse.Namespace) -> int:
         env_args = dict(info.get("env_args", {})) if env_id == info.get("env") else {}
         env_args.update(parse_env_args(args.env_arg))
         env = make_env(env_id, env_args)
-        policy, label = load_policy(target, reply_choices(env), args.decoding)
+        policy, label = load_policy(target, env, args.decoding)
         if not args.json:
             print(f"Evaluating {label} on {args.episodes} episodes of {env_id}...", flush=True)
         result = evaluate_policy(

@@ -12,7 +12,6 @@ from typing import Any
 
 import gymnasium as gym
 
-from textgym.cli_common import reply_choices
 from textgym_agents.cli.runs import read_run_info, resolve_policy
 
 __all__ = ["PPOPolicyLoader", "loader"]
@@ -38,7 +37,7 @@ class PPOPolicyLoader:
         """``(policy, label)`` for ``env`` (torch is imported here)."""
         from textgym_agents.cli.evaluate import load_policy
 
-        return load_policy(target, reply_choices(env))
+        return load_policy(target, env)
 
 
 loader = PPOPolicyLoader()

@@ -16,7 +16,6 @@ from textgym.cli_common import (
     one_line,
     parse_env_args,
     positive_int,
-    reply_choices,
     write_run_info,
 )
 from textgym.cli_record import fresh_output, positive_float
@@ -78,9 +77,8 @@ def run_sft(args: argparse.Namespace) -> int:
     env_args = dict(info.get("env_args", {})) if env_id == info.get("env") else {}
     env_args.update(parse_env_args(args.env_arg))
     env = make_env(env_id, env_args) if env_id else None
-    choices = reply_choices(env) if env is not None else None
     agents = import_agents()
-    policy, label = load_policy(args.policy or args.model or "embedded", choices)
+    policy, label = load_policy(args.policy or args.model or "embedded", env)
     results = []
     if env is not None and args.eval_episodes:
         print(f"Evaluating {label} on {args.eval_episodes} episodes...", flush=True)

@@ -18,7 +18,6 @@ from typing import Any
 import gymnasium as gym
 
 from textgym.cli_common import (
-    DEFAULT_ENV,
     CLIError,
     UsageError,
     add_env_arg,
@@ -32,18 +31,14 @@ from textgym.cli_common import (
 from textgym.plugins import FunctionCommand
 from textgym_agents.cli.common import from_pretrained, import_agents
 from textgym_agents.cli.config import add_config_flags, flag_values, read_config_file
-from textgym_agents.cli.evaluate import EVAL_SEED, evaluate_policy, format_table
+from textgym_agents.cli.evaluate import EVAL_SEED, evaluate_policy, format_gap, format_table
 from textgym_agents.cli.runs import (
     episodes_done,
     holds_run,
     read_run_info,
     resume_point,
 )
-from textgym_agents.ppo.defaults import (
-    DEFAULT_EPISODES,
-    DEFAULT_EVAL_EPISODES,
-    DEFAULT_NUM_ENVS,
-)
+from textgym_agents.ppo.defaults import DEFAULT_TRAIN_ENV, RUN_DEFAULTS, run_defaults
 
 __all__ = ["command", "configure", "run_train"]
 
@@ -54,7 +49,8 @@ USAGE = (
 )
 TRAIN_EPILOG = """\
 examples:
-  textgym train                                   # Blackjack, embedded model, minutes on a CPU
+  textgym train                                   # the calculator tool task: learns in minutes
+  textgym train textgym/Blackjack-v1              # 500 hands; the base model's always-stick
   textgym train textgym/FrozenLake-v1 -e is_slippery=false --episodes 300
   textgym train --learning-rate 1e-4 --num-epochs 4 --output runs/bj
   textgym train --config settings.yaml --seed 1   # flags override the file
@@ -68,13 +64,20 @@ per turn) with their common start as reply_prefix; others use free text.
 """
 
 
+def _per_env(key: str) -> str:
+    """A run default for the help text: the general one, then each env's own."""
+    own = ", ".join(f"{v[key]} on {env}" for env, v in RUN_DEFAULTS.items() if key in v)
+    general = run_defaults("")[key]
+    return f"{general}; {own}" if own else str(general)
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add the options of ``textgym train`` and a flag per :class:`PPOConfig` field."""
     parser.description = "Train a model on a text env by PPO and write a run directory."
     parser.epilog = TRAIN_EPILOG
     parser.usage = USAGE
     parser.add_argument(
-        "env", nargs="?", metavar="ENV_ID", help=f"text env (default: {DEFAULT_ENV})"
+        "env", nargs="?", metavar="ENV_ID", help=f"text env (default: {DEFAULT_TRAIN_ENV})"
     )
     parser.add_argument(
         "--dtype",
@@ -89,12 +92,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--episodes",
         type=positive_int,
-        help=f"episodes to train, counting resumed ones (default: {DEFAULT_EPISODES})",
+        help=f"episodes to train, counting resumed ones (default: {_per_env('episodes')})",
     )
     parser.add_argument(
         "--num-envs",
         type=positive_int,
-        help=f"envs played in parallel (default: {DEFAULT_NUM_ENVS})",
+        help=f"envs played in parallel (default: {_per_env('num_envs')})",
     )
     parser.add_argument(
         "--output", metavar="DIR", help="run directory (default: runs/<env>-<time>)"
@@ -108,7 +111,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--eval-episodes",
         type=count,
-        help=f"greedy evaluation episodes before and after (default: {DEFAULT_EVAL_EPISODES})",
+        help=f"greedy evaluation episodes before and after (default: {_per_env('eval_episodes')})",
     )
     parser.add_argument(
         "--sft-data",
@@ -190,8 +193,14 @@ def _plan(args: argparse.Namespace, config_cls: Any) -> _Plan:
     def pick(name: str, default: Any) -> Any:
         return _first(getattr(args, name), file_train.get(name), saved_info.get(name), default)
 
-    env_id = pick("env", DEFAULT_ENV)
-    env_args = dict(saved_info.get("env_args", {})) if env_id == saved_info.get("env") else {}
+    # A warm start's dataset names the env it was recorded on (textgym record's cli.json).
+    data_info = read_run_info(args.sft_data) if args.sft_data else {}
+    env_id = pick("env", data_info.get("env") or DEFAULT_TRAIN_ENV)
+    per_env = run_defaults(env_id)
+    env_args = {}
+    for info in (data_info, saved_info):
+        if env_id == info.get("env"):
+            env_args.update(info.get("env_args", {}))
     env_args.update(file_train.get("env_args", {}))
     env_args.update(parse_env_args(args.env_arg))
     probe = make_env(env_id, env_args)  # fails early on an unknown env; lists its replies
@@ -222,9 +231,9 @@ def _plan(args: argparse.Namespace, config_cls: Any) -> _Plan:
         env_id=env_id,
         env_args=env_args,
         model=_model_arg(pick("model", saved_model)),
-        episodes=pick("episodes", DEFAULT_EPISODES),
-        num_envs=pick("num_envs", DEFAULT_NUM_ENVS),
-        eval_episodes=pick("eval_episodes", DEFAULT_EVAL_EPISODES),
+        episodes=pick("episodes", per_env["episodes"]),
+        num_envs=pick("num_envs", per_env["num_envs"]),
+        eval_episodes=pick("eval_episodes", per_env["eval_episodes"]),
         config=config,
         out=out,
         checkpoint=checkpoint,
@@ -325,6 +334,7 @@ def _train(args: argparse.Namespace, agents: Any, process: Any) -> int:
         )
         print(f"\nGreedy evaluation (seed {EVAL_SEED}):")
         print(format_table(results))
+        print(format_gap(results[0][2], results[-1][2]))
     env.close()
     print(
         f"\nRun written to {out}: final/ (the policy), metrics.jsonl, learning_curve.png, "

@@ -125,6 +125,13 @@ class PPOConfig:
     num_epochs: int = _help(2, "Passes over each batch.")
     minibatch_size: int = _help(32, "Turns per optimizer step.")
     micro_batch_size: int = _help(8, "Turns per forward pass (gradient accumulation).")
+    micro_batch_tokens: int | None = _help(
+        None,
+        "Most tokens per forward pass of the update (rows times the longest row, the start "
+        "shared by the minibatch not counted): long turns then share a forward pass with fewer "
+        "others, which bounds activation memory where prompts carry a long history. None: "
+        "micro_batch_size turns per pass whatever their length.",
+    )
     clip_range: float = _help(0.2, "PPO ratio clipping epsilon.")
     clip_range_value: float | None = _help(0.2, "Value clipping around old values (None: off).")
     vf_coef: float = _help(0.5, "Weight of the value loss.")
@@ -180,6 +187,9 @@ class PPOConfig:
         for name in ["clip_range_value", "target_kl"]:
             value = getattr(self, name)
             _check(self, name, value is None or (_number(value) and value > 0), "> 0 or None")
+        tokens = self.micro_batch_tokens
+        ok = tokens is None or (_integer(tokens) and tokens >= 1)
+        _check(self, "micro_batch_tokens", ok, "an int >= 1 or None")
         _check(
             self,
             "advantage_estimator",
@@ -218,8 +228,9 @@ class PPOConfig:
         The one source of per-env defaults: a quick CPU run
         (:data:`~textgym_agents.ppo.defaults.QUICK_DEFAULTS`) and, where the env lists its
         valid replies, choice decoding with their common start as ``reply_prefix`` and
-        exploration settings (:func:`~textgym_agents.ppo.defaults.env_defaults`). Every key of
-        ``settings`` wins over them.
+        exploration settings; where its replies are flat JSON objects, free text from ``{"`` to
+        ``}`` (:func:`~textgym_agents.ppo.defaults.env_defaults`). Every key of ``settings``
+        wins over them.
 
         Args:
             env: A text env, a text vector env, or a registered env id.
@@ -230,28 +241,28 @@ class PPOConfig:
             >>> config = PPOConfig.for_env(gym.make("textgym/Blackjack-v1"), seed=1)
             >>> config.decoding, config.reply_prefix, config.seed
             ('choices', '{"action": "', 1)
-            >>> PPOConfig.for_env("textgym/Calculator-v0").decoding
-            'free'
+            >>> calculator = PPOConfig.for_env("textgym/Calculator-v0")  # JSON tool calls
+            >>> calculator.decoding, calculator.reply_prefix, calculator.stop_strings
+            ('free', '{"', ['}'])
         """
+        import gymnasium as gym
         from gymnasium.vector import VectorEnv
 
-        from textgym.episodes import reply_choices
+        from textgym.episodes import reply_choices, reply_schemas
         from textgym_agents.ppo.defaults import env_defaults
 
-        if isinstance(env, str):
-            import gymnasium as gym
-
-            probe = gym.make(env)
-            try:
-                choices = reply_choices(probe)
-            finally:
+        probe = gym.make(env) if isinstance(env, str) else env
+        try:
+            if isinstance(probe, VectorEnv):
+                choices = next((c for c in reply_choices(probe) or [] if c), None)
+                schema = next((s for s in reply_schemas(probe) or [] if s), None)
+            else:
+                choices, schema = reply_choices(probe), reply_schemas(probe)
+        finally:
+            if probe is not env:
                 probe.close()
-        elif isinstance(env, VectorEnv):
-            listed = reply_choices(env) or []
-            choices = next((c for c in listed if c), None)
-        else:
-            choices = reply_choices(env)
-        return cls.from_dict({**env_defaults(choices, settings), **settings})
+        defaults = env_defaults(choices, settings, schema=schema)
+        return cls.from_dict({**defaults, **settings})
 
     def to_dict(self) -> dict[str, Any]:
         """Return the settings as a JSON-ready dict."""

@@ -16,10 +16,15 @@ __all__ = [
     "DEFAULT_EPISODES",
     "DEFAULT_EVAL_EPISODES",
     "DEFAULT_NUM_ENVS",
+    "DEFAULT_TRAIN_ENV",
     "ENV_DEFAULT_NOTES",
+    "JSON_REPLY_DEFAULTS",
     "QUICK_DEFAULTS",
+    "RUN_DEFAULTS",
     "env_defaults",
+    "flat_json_replies",
     "reply_prefix_of",
+    "run_defaults",
 ]
 
 DEFAULT_EPISODES = 500
@@ -28,6 +33,14 @@ DEFAULT_EVAL_EPISODES = 50
 """Greedy evaluation episodes before and after training."""
 DEFAULT_NUM_ENVS = 16
 """Envs played in parallel by training and evaluation."""
+DEFAULT_TRAIN_ENV = "textgym/Calculator-v0"
+"""What ``textgym train`` trains on unless told: the env the embedded model learns fastest
+(0% -> ~80% of held-out questions solved in minutes; docs/benchmarks.md, "The first run")."""
+# Per env id: episodes, envs and evaluation episodes of a run that shows learning on a laptop
+# CPU (measured: docs/benchmarks.md); other envs get the DEFAULT_* numbers above.
+RUN_DEFAULTS: dict[str, dict[str, int]] = {
+    "textgym/Calculator-v0": {"episodes": 24, "num_envs": 8, "eval_episodes": 32},
+}
 
 # Training settings that finish in minutes on a laptop CPU with the embedded 135M model
 # (those of examples/blackjack_text_env.py); every one can be overridden.
@@ -42,11 +55,25 @@ QUICK_DEFAULTS: dict[str, Any] = {
 # and at temperature 1 without an entropy bonus PPO collapses onto it within a few updates
 # (docs/design.md, "Open problem"); these keep the choice entropy up.
 CHOICE_DEFAULTS: dict[str, Any] = {"temperature": 2.0, "ent_coef": 0.3, "learning_rate": 1e-4}
+# Free-text replies to an env whose replies are flat JSON objects (the calculator's tool call or
+# answer): the model continues '{"' and stops at the object's end, which a 135M model then
+# writes valid most of the time; at temperature 1.0 most sampled replies are not valid JSON.
+JSON_REPLY_DEFAULTS: dict[str, Any] = {
+    "reply_prefix": '{"',
+    "stop_strings": ["}"],
+    "max_new_tokens": 40,
+    "temperature": 0.7,
+    "micro_batch_size": 8,
+}
 # What the per-env defaults of :func:`env_defaults` mean, for the help of these flags.
 ENV_DEFAULT_NOTES = {
     "decoding": "'choices' where the env lists its valid replies, else 'free'",
-    "reply_prefix": 'with choices, the start all valid replies share, e.g. \'{"action": "\'',
-    "temperature": "2.0 with choices, else 1.0",
+    "reply_prefix": 'with choices, the start all valid replies share, e.g. \'{"action": "\'; '
+    "free text to flat JSON replies: '{\"'",
+    "stop_strings": "free text to flat JSON replies: ['}']",
+    "max_new_tokens": "40 for free text to flat JSON replies, else 24",
+    "temperature": "2.0 with choices, 0.7 for free text to flat JSON replies, else 1.0",
+    "micro_batch_size": "8 for free text to flat JSON replies, else 16",
     "ent_coef": "0.3 with choices, else 0.0",
     "learning_rate": "0.0001 with choices, else 0.0002",
 }
@@ -66,14 +93,81 @@ def reply_prefix_of(choices: Sequence[str] | None) -> str:
     return re.sub(r"\w+$", "", os.path.commonprefix(list(choices)))
 
 
-def env_defaults(choices: Sequence[str] | None, given: Mapping[str, Any]) -> dict[str, Any]:
+_SCALARS = {"string", "number", "integer", "boolean", "null"}
+
+
+def _flat_object(schema: Mapping[str, Any]) -> bool:
+    if schema.get("type") != "object" or not schema.get("properties"):
+        return False
+    for prop in schema["properties"].values():
+        options = prop.get("anyOf", [prop])
+        for option in options:
+            kind = option.get("type")
+            if kind is None and not ("const" in option or "enum" in option):
+                return False  # a $ref or an untyped value: may nest
+            if kind is not None and not set([kind] if isinstance(kind, str) else kind) <= _SCALARS:
+                return False
+    return True
+
+
+def flat_json_replies(schema: Mapping[str, Any] | None) -> bool:
+    """Whether every reply the schema allows is a JSON object of scalars (no nesting).
+
+    Such a reply starts with ``{"`` and ends at its first ``}`` outside a string, so free text
+    can be started and stopped there (:data:`JSON_REPLY_DEFAULTS`).
+
+    Example:
+        >>> flat_json_replies({"type": "object", "properties": {"answer": {"type": "number"}}})
+        True
+        >>> flat_json_replies({"type": "object", "properties": {"xy": {"type": "array"}}})
+        False
+        >>> flat_json_replies(None)
+        False
+    """
+    if not schema:
+        return False
+    branches = schema.get("anyOf", schema.get("oneOf", [schema]))
+    return all(_flat_object(branch) for branch in branches)
+
+
+def run_defaults(env_id: str) -> dict[str, int]:
+    """Episodes, envs and evaluation episodes ``textgym train`` uses on ``env_id`` unless told.
+
+    Example:
+        >>> run_defaults("textgym/Calculator-v0")["episodes"]
+        24
+        >>> run_defaults("textgym/Blackjack-v1") == {
+        ...     "episodes": DEFAULT_EPISODES,
+        ...     "num_envs": DEFAULT_NUM_ENVS,
+        ...     "eval_episodes": DEFAULT_EVAL_EPISODES,
+        ... }
+        True
+    """
+    values = {
+        "episodes": DEFAULT_EPISODES,
+        "num_envs": DEFAULT_NUM_ENVS,
+        "eval_episodes": DEFAULT_EVAL_EPISODES,
+    }
+    values.update(RUN_DEFAULTS.get(env_id, {}))
+    return values
+
+
+def env_defaults(
+    choices: Sequence[str] | None,
+    given: Mapping[str, Any],
+    *,
+    schema: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     """Settings used unless given: :data:`QUICK_DEFAULTS` and the decoding that suits the env.
 
     Where the env lists its valid replies, ``decoding="choices"`` with the replies' common
     start as ``reply_prefix``: every reply is valid and a turn is one forward pass, and
     :data:`CHOICE_DEFAULTS` (temperature 2 over the choices, an entropy bonus) explore. Elsewhere,
-    free text. With ``decoding="free"`` asked for on such an env, the prefix and a stop at its
-    closing quote make each reply a short completion (examples/blackjack_text_env.py).
+    free text; where the env's reply ``schema`` allows only flat JSON objects
+    (:func:`flat_json_replies`), free text that starts at ``{"`` and stops at ``}``
+    (:data:`JSON_REPLY_DEFAULTS`). With ``decoding="free"`` asked for on an env with choices,
+    the prefix and a stop at its closing quote make each reply a short completion
+    (examples/blackjack_text_env.py).
 
     Example:
         >>> defaults = env_defaults(['{"action": "stick"}', '{"action": "hit"}'], {"num_steps": 8})
@@ -81,11 +175,12 @@ def env_defaults(choices: Sequence[str] | None, given: Mapping[str, Any]) -> dic
         ('choices', '{"action": "', False)
         >>> defaults["temperature"], defaults["ent_coef"]  # explore over the valid replies
         (2.0, 0.3)
+        >>> answer = {"type": "object", "properties": {"answer": {"type": "number"}}}
+        >>> defaults = env_defaults(None, {}, schema=answer)
+        >>> defaults["decoding"], defaults["reply_prefix"], defaults["stop_strings"]
+        ('free', '{"', ['}'])
     """
     values = dict(QUICK_DEFAULTS)
-    minibatch = given.get("minibatch_size")
-    if isinstance(minibatch, int) and minibatch >= 1:  # keep micro <= minibatch
-        values["micro_batch_size"] = min(values["micro_batch_size"], minibatch)
     values["decoding"] = decoding = given.get("decoding", "choices" if choices else "free")
     if decoding == "choices":
         values.update(CHOICE_DEFAULTS)
@@ -94,4 +189,9 @@ def env_defaults(choices: Sequence[str] | None, given: Mapping[str, Any]) -> dic
         values["reply_prefix"] = prefix
     elif prefix and decoding == "free" and prefix[-1] in "\"'":
         values.update(reply_prefix=prefix, stop_strings=[prefix[-1]], max_new_tokens=8)
+    elif not choices and decoding == "free" and flat_json_replies(schema):
+        values.update(JSON_REPLY_DEFAULTS)
+    minibatch = given.get("minibatch_size")
+    if isinstance(minibatch, int) and minibatch >= 1:  # keep micro <= minibatch
+        values["micro_batch_size"] = min(values["micro_batch_size"], minibatch)
     return {key: value for key, value in values.items() if key not in given}

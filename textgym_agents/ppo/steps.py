@@ -16,6 +16,7 @@ import torch
 
 from textgym_agents.ppo import core
 from textgym_agents.ppo.buffer import Turn
+from textgym_agents.shared_prefix import shared_length
 
 logger = logging.getLogger(__name__)
 
@@ -44,28 +45,55 @@ VALUE_STATS = ("loss/value", "value/")
 
 
 def minibatches(
-    order: np.ndarray, turns: list[Turn], minibatch_size: int, micro_batch_size: int
+    order: np.ndarray,
+    turns: list[Turn],
+    minibatch_size: int,
+    micro_batch_size: int,
+    micro_batch_tokens: int | None = None,
 ) -> Iterator[list[list[int]]]:
     """Minibatches of turn indices, each split into micro-batches of similar length.
 
     Sorting within a minibatch cuts padding without changing its gradient. The same order
-    gives the same layout, so scoring and the first epoch see identical forward passes.
+    gives the same layout, so scoring and the first epoch see identical forward passes. With
+    ``micro_batch_tokens``, a micro-batch also stops growing before its rows, padded to its
+    longest, would pass more tokens than that through the model (the start every row of the
+    minibatch shares runs once and is not counted); a longer row still gets a micro-batch of
+    its own. Activation memory follows these tokens, so this bounds it where prompts are long.
 
     Args:
         order: A permutation of ``range(len(turns))``, shape ``(N,)``.
         turns: The turns the indices point into.
         minibatch_size: Turns per minibatch (one optimizer step); the last may be smaller.
-        micro_batch_size: Turns per forward pass.
+        micro_batch_size: Most turns per forward pass.
+        micro_batch_tokens: Most padded tokens per forward pass, or None for no bound.
 
     Example:
         >>> turns = [Turn([1], [2] * n, reward=0.0) for n in (1, 3, 2)]
         >>> list(minibatches(np.array([0, 1, 2]), turns, 2, 1))
         [[[1], [0]], [[2]]]
+        >>> list(minibatches(np.array([0, 1, 2]), turns, 3, 3, micro_batch_tokens=8))
+        [[[1, 2], [0]]]
     """
     for start in range(0, len(order), minibatch_size):
         chunk = order[start : start + minibatch_size].tolist()
         chunk.sort(key=lambda i: -(len(turns[i].prompt_ids) + len(turns[i].response_ids)))
-        yield [chunk[j : j + micro_batch_size] for j in range(0, len(chunk), micro_batch_size)]
+        if micro_batch_tokens is None:
+            yield [chunk[j : j + micro_batch_size] for j in range(0, len(chunk), micro_batch_size)]
+            continue
+        prompts = [turns[i].prompt_ids for i in chunk]
+        shared = shared_length(prompts, min(len(p) for p in prompts) - 1)
+        micros: list[list[int]] = []
+        for i in chunk:  # longest first: a micro-batch's first row sets its padded width
+            if micros:
+                first = turns[micros[-1][0]]
+                width = len(first.prompt_ids) + len(first.response_ids) - shared
+                if len(micros[-1]) < micro_batch_size and width * (len(micros[-1]) + 1) <= (
+                    micro_batch_tokens
+                ):
+                    micros[-1].append(i)
+                    continue
+            micros.append([i])
+        yield micros
 
 
 def score_inputs(turns: list[Turn], rows: list[int]) -> dict[str, Any]:

@@ -318,7 +318,9 @@ class PPOTrainer:
         return self.config.adaptive_kl or self.config.kl_coef > 0
 
     def _minibatches(self, order: np.ndarray, turns: list[Turn]) -> Iterator[list[list[int]]]:
-        return minibatches(order, turns, self.config.minibatch_size, self.config.micro_batch_size)
+        config = self.config
+        sizes = (config.minibatch_size, config.micro_batch_size, config.micro_batch_tokens)
+        return minibatches(order, turns, *sizes)
 
     def _gradient(
         self, turns: list[Turn], minibatch: list[list[int]], params: list[torch.Tensor]

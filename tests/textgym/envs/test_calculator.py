@@ -7,6 +7,7 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 from textgym.envs.calculator import (
+    EXAMPLE_EPISODE,
     SYSTEM_PROMPT,
     CalculatorEnv,
     CalculatorParser,
@@ -395,7 +396,8 @@ def test_full_episode_through_the_text_env() -> None:
     env = make_calculator_text_env(difficulty="multiply")
     assert isinstance(env, TextEnvWrapper)
     messages, info = env.reset(seed=0)
-    assert messages[0]["content"].startswith(SYSTEM_PROMPT + "\n\nReply in one of two formats.")
+    prompt = SYSTEM_PROMPT + EXAMPLE_EPISODE + "\n\nReply in one of two formats."
+    assert messages[0]["content"].startswith(prompt)
     assert messages[-1] == {"role": "user", "content": QUESTION}
     assert info["target"] == TARGET
 

@@ -35,7 +35,8 @@ def textgym(*args, cwd, **kwargs):
 def run_dir(tiny_dir, tmp_path_factory):
     """A finished run: `textgym train` in a subprocess."""
     cwd = tmp_path_factory.mktemp("work")
-    args = ["train", "--model", tiny_dir, "--episodes", "6", "--eval-episodes", "2", *QUICK]
+    args = ["train", "textgym/Blackjack-v1", "--model", tiny_dir, "--episodes", "6"]
+    args += ["--eval-episodes", "2", *QUICK]
     result = textgym(*args, "--output", "run", cwd=cwd)
     assert result.returncode == 0, result.stderr[-3000:]
     return cwd / "run", result.stdout
@@ -47,6 +48,7 @@ def test_train_writes_the_run_and_summarises(run_dir):
     assert "decoding='choices'" in stdout and 'reply_prefix=\'{"action": "\'' in stdout
     assert "base model  textgym/Blackjack-v1" in stdout and "trained     textgym" in stdout
     assert "textgym eval run" in stdout
+    assert "change in mean return: " in stdout  # and how many standard errors it is
     for name in ["config.json", "metrics.jsonl", "learning_curve.png", "final/policy.json"]:
         assert (run / name).exists(), name
     assert latest_checkpoint(run) is not None
@@ -61,9 +63,8 @@ def test_eval_plot_and_play_a_run(run_dir, tiny_dir, capsys, tmp_path):
     args = ["eval", str(run), str(run / "final"), tiny_dir, "--episodes", "2", "--num-envs", "2"]
     assert main(args) == 0
     table = capsys.readouterr().out.splitlines()[-4:]
-    assert table[0].split() == ["policy", "env", "episodes", "mean", "return", "std", "success"] + [
-        "invalid"
-    ]
+    header = ["policy", "env", "episodes", "mean", "return", "std", "s.e.", "success", "invalid"]
+    assert table[0].split() == header
     assert [line.split()[0] for line in table[1:]] == [str(run), str(run / "final"), tiny_dir]
     assert all(line.endswith("0.0%") for line in table[1:])  # choices: no invalid reply
 
@@ -261,3 +262,27 @@ def test_second_ctrl_c_stops_at_once_without_saving(tiny_dir, tmp_path, default_
     with pytest.raises(KeyboardInterrupt):
         trainer.train(10_000)
     assert trainer.update_step == 0 and list_checkpoints(tmp_path) == []
+
+
+def test_the_default_run_is_the_calculator_recipe_and_flags_win(tmp_path):
+    import argparse
+
+    from textgym_agents.cli.train import _plan, configure
+
+    parser = argparse.ArgumentParser()
+    configure(parser)
+
+    def plan(*args):
+        return _plan(parser.parse_args([*args, "--output", str(tmp_path / "run")]), PPOConfig)
+
+    default = plan()
+    assert default.env_id == "textgym/Calculator-v0"
+    assert (default.episodes, default.num_envs, default.eval_episodes) == (24, 8, 32)
+    config = default.config
+    assert (config.decoding, config.reply_prefix, config.stop_strings) == ("free", '{"', ["}"])
+    assert (config.temperature, config.max_new_tokens, config.kl_coef) == (0.7, 40, 0.0)
+    told = plan("--episodes", "5", "--num-envs", "2", "--temperature", "1.0")
+    assert (told.episodes, told.num_envs, told.config.temperature) == (5, 2, 1.0)
+    blackjack = plan("textgym/Blackjack-v1")
+    assert (blackjack.episodes, blackjack.num_envs, blackjack.eval_episodes) == (500, 16, 50)
+    assert blackjack.config.decoding == "choices" and blackjack.config.temperature == 2.0

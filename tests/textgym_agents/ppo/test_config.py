@@ -65,7 +65,7 @@ def test_for_env_is_the_cli_default_and_settings_win():
     import gymnasium as gym
 
     import textgym  # noqa: F401
-    from textgym_agents.ppo.defaults import CHOICE_DEFAULTS, QUICK_DEFAULTS
+    from textgym_agents.ppo.defaults import CHOICE_DEFAULTS, JSON_REPLY_DEFAULTS, QUICK_DEFAULTS
 
     env = gym.make("textgym/Blackjack-v1")
     config = PPOConfig.for_env(env, temperature=1.5)
@@ -75,7 +75,9 @@ def test_for_env_is_the_cli_default_and_settings_win():
     assert config.num_steps == QUICK_DEFAULTS["num_steps"]
     vector = PPOConfig.for_env(gym.make_vec("textgym/Blackjack-v1", num_envs=2))
     assert vector == PPOConfig.for_env("textgym/Blackjack-v1") == PPOConfig.for_env(env)
-    free = PPOConfig.for_env("textgym/Calculator-v0")
-    assert free.decoding == "free" and free.reply_prefix == ""
+    free = PPOConfig.for_env("textgym/Calculator-v0")  # replies: flat JSON objects
+    assert free.decoding == "free" and free.reply_prefix == '{"' and free.stop_strings == ["}"]
+    assert free.temperature == JSON_REPLY_DEFAULTS["temperature"] and free.micro_batch_size == 8
+    assert PPOConfig.for_env("textgym/Calculator-v0", decoding="constrained").stop_strings == []
     with pytest.raises(ValueError, match="did you mean 'learning_rate'"):
         PPOConfig.for_env(env, learning_rte=1e-4)
