@@ -44,38 +44,31 @@ from peft import PeftConfig, PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import textgym  # noqa: F401  (registers textgym/Calculator-v0)
-from textgym.envs.calculator import DIFFICULTIES, SYSTEM_PROMPT
+from textgym.envs.calculator import DIFFICULTIES
 from textgym_agents import PPOConfig, PPOPolicy, evaluate
 
-# A 135M model copies patterns better than it follows instructions: a worked episode in the
-# system prompt and replies that start with '{"' leave it mostly one choice, tool or answer.
-WORKED_EXAMPLE = (
-    "\n\nExample:\nUser: What is 123 * 456?\n"
-    'Assistant: {"tool": "calculator", "expression": "123 * 456"}\n'
-    'User: Observation: 56088\nAssistant: {"answer": "56088"}'
-)
-PREFIX, STOP, MAX_NEW_TOKENS = '{"', "}", 40
 SEED = 10_000  # evaluation and demo questions
 
 
-def play(model: Any, tokenizer: Any, env: gym.Env, seed: int) -> bool:
+def play(model: Any, tokenizer: Any, env: gym.Env, seed: int, config: PPOConfig) -> bool:
     """Play one question greedily with plain transformers, print it, return is_success."""
     messages, info = env.reset(seed=seed)
     print(f"  Q: {info['question']}")
     while True:
         # The same tokens PPOPolicy generates from: the chat prompt, then the reply prefix.
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)
-        ids = list(ids["input_ids"]) + tokenizer.encode(PREFIX, add_special_tokens=False)
+        prefix = config.reply_prefix
+        ids = list(ids["input_ids"]) + tokenizer.encode(prefix, add_special_tokens=False)
         with torch.no_grad():
             output = model.generate(
                 input_ids=torch.tensor([ids]),
-                max_new_tokens=MAX_NEW_TOKENS,
+                max_new_tokens=config.max_new_tokens,
                 do_sample=False,
-                stop_strings=[STOP],
+                stop_strings=config.stop_strings,
                 tokenizer=tokenizer,
                 pad_token_id=tokenizer.eos_token_id,
             )
-        reply = PREFIX + tokenizer.decode(output[0, len(ids) :], skip_special_tokens=True)
+        reply = prefix + tokenizer.decode(output[0, len(ids) :], skip_special_tokens=True)
         messages, _, terminated, truncated, info = env.step(reply)
         seen = info.get("parse_error", messages[-1]["content"])
         print(f"     {reply.strip()}\n       -> {seen[:100]}")
@@ -83,10 +76,12 @@ def play(model: Any, tokenizer: Any, env: gym.Env, seed: int) -> bool:
             return bool(info.get("is_success", False))
 
 
-def play_all(model: Any, tokenizer: Any, env: gym.Env, n: int, label: str) -> None:
+def play_all(
+    model: Any, tokenizer: Any, env: gym.Env, n: int, label: str, config: PPOConfig
+) -> None:
     """Play ``n`` questions and print how many were solved."""
     print(f"{label}:")
-    solved = sum(play(model, tokenizer, env, SEED + i) for i in range(n))
+    solved = sum(play(model, tokenizer, env, SEED + i, config) for i in range(n))
     print(f"  solved {solved}/{n}")
 
 
@@ -100,22 +95,15 @@ def main() -> None:
     parser.add_argument("--out", default="runs/calculator")
     parser.add_argument("--model", default=None, help="model dir or HF id (default: embedded)")
     args = parser.parse_args()
-    env_kwargs = {"difficulty": args.difficulty, "system_prompt": SYSTEM_PROMPT + WORKED_EXAMPLE}
-
-    config = PPOConfig(
-        reply_prefix=PREFIX,  # the env receives prefix + reply and parses the JSON
-        stop_strings=[STOP],
-        max_new_tokens=MAX_NEW_TOKENS,
-        temperature=0.7,  # at 1.0 most sampled replies are not valid JSON
-        num_steps=4,
-        minibatch_size=32,
-        micro_batch_size=8,
-        kl_coef=0.0,
-    )
-    policy = PPOPolicy.from_pretrained(args.model, config=config)  # LoRA attached
+    env_kwargs = {"difficulty": args.difficulty}
+    # What `textgym train` uses here: the env's replies are flat JSON objects, so the model
+    # continues '{"' and stops at '}' (temperature 0.7: at 1.0 most sampled replies are not
+    # valid JSON), 4 steps per env per rollout, no KL penalty. Print it to see every value.
     env = gym.make("textgym/Calculator-v0", **env_kwargs)
+    config = PPOConfig.for_env(env)
+    policy = PPOPolicy.from_pretrained(args.model, config=config)  # LoRA attached
     # A fresh LoRA adapter changes nothing yet: this is the base model.
-    play_all(policy.model, policy.tokenizer, env, args.questions, "before training")
+    play_all(policy.model, policy.tokenizer, env, args.questions, "before training", config)
     before = evaluate(policy, env, n_episodes=args.eval_episodes, seed=SEED)
 
     envs = gym.make_vec("textgym/Calculator-v0", num_envs=args.num_envs, **env_kwargs)
@@ -136,7 +124,7 @@ def main() -> None:
     base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
     model = PeftModel.from_pretrained(base, adapter_dir).eval()
     print(f"reloaded {adapter_dir} onto {base_dir}")
-    play_all(model, tokenizer, env, args.questions, "after training (reloaded)")
+    play_all(model, tokenizer, env, args.questions, "after training (reloaded)", config)
 
 
 if __name__ == "__main__":

@@ -178,20 +178,38 @@ def standard_error(result: Mapping[str, Any]) -> float:
 
 
 def format_gap(before: Mapping[str, Any], after: Mapping[str, Any]) -> str:
-    """How far ``after``'s mean return is from ``before``'s, in standard errors.
+    """How far ``after`` is from ``before``, in standard errors: mean return, and success rate.
 
-    The standard error of the difference treats the two evaluations as independent, which
-    is conservative when they play the same episodes.
+    The mean return's standard error of the difference treats the two evaluations as
+    independent, which is conservative when they play the same episodes; the success rate's
+    is the pooled one of a two-proportion test (not 0 when one rate is 0% or 100%).
 
     Example:
         >>> before = {"mean_return": -0.3, "std_return": 0.5, "episodes": 25}
         >>> print(format_gap(before, {"mean_return": 0.5, "std_return": 0.5, "episodes": 25}))
         change in mean return: +0.800 (s.e. 0.141): 5.7 standard errors
+        >>> before.update(success_rate=0.0)
+        >>> after = {"mean_return": 0.5, "std_return": 0.5, "episodes": 25, "success_rate": 0.8}
+        >>> print(format_gap(before, after).splitlines()[1])
+        change in success rate: +80.0% (s.e. 13.9%): 5.8 standard errors
     """
     change = float(after["mean_return"]) - float(before["mean_return"])
     se = math.hypot(standard_error(before), standard_error(after))
-    sigmas = f"{change / se:.1f} standard errors" if se > 0 else "no spread"
-    return f"change in mean return: {change:+.3f} (s.e. {se:.3f}): {sigmas}"
+    lines = [f"change in mean return: {change:+.3f} (s.e. {se:.3f}): {_sigmas(change, se)}"]
+    if before.get("success_rate") is not None and after.get("success_rate") is not None:
+        n1, n2 = int(before["episodes"]), int(after["episodes"])
+        p1, p2 = float(before["success_rate"]), float(after["success_rate"])
+        pooled = (p1 * n1 + p2 * n2) / max(n1 + n2, 1)
+        se = math.sqrt(pooled * (1 - pooled) * (1 / max(n1, 1) + 1 / max(n2, 1)))
+        change = p2 - p1
+        lines.append(
+            f"change in success rate: {change:+.1%} (s.e. {se:.1%}): {_sigmas(change, se)}"
+        )
+    return "\n".join(lines)
+
+
+def _sigmas(change: float, se: float) -> str:
+    return f"{change / se:.1f} standard errors" if se > 0 else "no spread"
 
 
 def format_table(rows: list[tuple[str, str, Mapping[str, Any]]]) -> str:

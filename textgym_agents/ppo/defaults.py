@@ -39,7 +39,7 @@ DEFAULT_TRAIN_ENV = "textgym/Calculator-v0"
 # Per env id: episodes, envs and evaluation episodes of a run that shows learning on a laptop
 # CPU (measured: docs/benchmarks.md); other envs get the DEFAULT_* numbers above.
 RUN_DEFAULTS: dict[str, dict[str, int]] = {
-    "textgym/Calculator-v0": {"episodes": 24, "num_envs": 8, "eval_episodes": 32},
+    "textgym/Calculator-v0": {"episodes": 16, "num_envs": 8, "eval_episodes": 32},
 }
 
 # Training settings that finish in minutes on a laptop CPU with the embedded 135M model
@@ -135,7 +135,7 @@ def run_defaults(env_id: str) -> dict[str, int]:
 
     Example:
         >>> run_defaults("textgym/Calculator-v0")["episodes"]
-        24
+        16
         >>> run_defaults("textgym/Blackjack-v1") == {
         ...     "episodes": DEFAULT_EPISODES,
         ...     "num_envs": DEFAULT_NUM_ENVS,

@@ -277,7 +277,7 @@ def test_the_default_run_is_the_calculator_recipe_and_flags_win(tmp_path):
 
     default = plan()
     assert default.env_id == "textgym/Calculator-v0"
-    assert (default.episodes, default.num_envs, default.eval_episodes) == (24, 8, 32)
+    assert (default.episodes, default.num_envs, default.eval_episodes) == (16, 8, 32)
     config = default.config
     assert (config.decoding, config.reply_prefix, config.stop_strings) == ("free", '{"', ["}"])
     assert (config.temperature, config.max_new_tokens, config.kl_coef) == (0.7, 40, 0.0)
