@@ -16,13 +16,17 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from textgym_agents.choices import ChoiceScores, merge_rows, score_choices
 from textgym_agents.constrained import allowed_tokens, mask_logits
 from textgym_agents.ppo.core import entropy, logprobs_from_logits
 from textgym_agents.shared_prefix import continue_tree, decoder_hidden_states, run_rows
 
-__all__ = ["PolicyScoring", "Scores"]
+__all__ = ["HEAD_CHUNK_POSITIONS", "PolicyScoring", "Scores"]
+
+HEAD_CHUNK_POSITIONS = 256
+"""Reply positions whose logits are computed at once in scoring (see ``_reply_scores``)."""
 
 
 @dataclass
@@ -181,17 +185,60 @@ class PolicyScoring:
             mask[row, : len(response)] = 1
         positions = positions.to(device)
         reply_hidden = hidden.gather(1, positions[..., None].expand(-1, -1, hidden.shape[-1]))
-        logits = self._lm_head()(reply_hidden).float()  # (B, T, V)
-        temperature = self.config.temperature
-        allowed = allowed_tokens(responses, reply_width, logits.shape[-1], device)  # (B, T, V)
-        if allowed is not None:
-            logits, temperature = mask_logits(logits, allowed, temperature), 1.0
-        logps = logprobs_from_logits(logits, labels.to(device), temperature=temperature)
+        vocab = self._lm_head().weight.shape[0]
+        allowed = allowed_tokens(responses, reply_width, vocab, device)  # (B, T, V)
+        logps, ent = self._reply_scores(reply_hidden, labels.to(device), allowed, with_entropy)
         value = None
         if values:
             value = self.value_head(hidden[torch.arange(len(prompts)), positions[:, 0]]).float()
-        ent = entropy(logits, temperature=temperature) if with_entropy else None
         return Scores(logps=logps, mask=mask.to(device), values=value, entropy=ent)
+
+    def _reply_scores(
+        self,
+        reply_hidden: torch.Tensor,
+        labels: torch.Tensor,
+        allowed: torch.Tensor | None,
+        with_entropy: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs (and entropy) of the reply tokens, a few rows of logits at a time.
+
+        The logits of a reply position are a vocabulary-sized row (49,152 floats for SmolLM2),
+        and the log-softmax and entropy keep several such copies for the backward pass: for
+        free-text replies of 40 tokens they were most of the update's memory. Rows go through
+        the head in chunks of about :data:`HEAD_CHUNK_POSITIONS` positions; with gradients
+        each chunk is checkpointed (its logits recomputed in the backward pass), so only one
+        chunk's logits exist at a time. The same chunks are used without gradients, so the
+        scoring pass and the first epoch compute bit-identical log-probs.
+        """
+        rows, width = labels.shape
+        step = max(1, HEAD_CHUNK_POSITIONS // max(width, 1))
+        logps, entropies = [], []
+        for start in range(0, rows, step):
+            part = slice(start, start + step)
+            inputs = (reply_hidden[part], labels[part], None if allowed is None else allowed[part])
+            if torch.is_grad_enabled():
+                lp, ent = checkpoint(self._head_chunk, *inputs, with_entropy, use_reentrant=False)
+            else:
+                lp, ent = self._head_chunk(*inputs, with_entropy)
+            logps.append(lp)
+            entropies.append(ent)
+        return torch.cat(logps), torch.cat(entropies) if with_entropy else None
+
+    def _head_chunk(
+        self,
+        hidden: torch.Tensor,
+        labels: torch.Tensor,
+        allowed: torch.Tensor | None,
+        with_entropy: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self._lm_head()(hidden).float()  # (b, T, V)
+        temperature = self.config.temperature
+        if allowed is not None:
+            logits, temperature = mask_logits(logits, allowed, temperature), 1.0
+        logps = logprobs_from_logits(logits, labels, temperature=temperature)
+        if not with_entropy:
+            return logps, logps.new_zeros(())
+        return logps, entropy(logits, temperature=temperature)
 
     def prompt_values(self, prompts: Sequence[list[int]]) -> torch.Tensor:
         """Value of each prompt (no reply), for bootstrapping."""
