@@ -48,6 +48,7 @@ QUICK_DEFAULTS: dict[str, Any] = {
     "num_steps": 4,
     "minibatch_size": 32,
     "micro_batch_size": 16,
+    "micro_batch_tokens": 1024,
     "learning_rate": 2e-4,
     "kl_coef": 0.0,
 }
@@ -63,7 +64,7 @@ JSON_REPLY_DEFAULTS: dict[str, Any] = {
     "stop_strings": ["}"],
     "max_new_tokens": 40,
     "temperature": 0.7,
-    "micro_batch_size": 8,
+    "micro_batch_tokens": 512,  # history-long prompts: the update's memory and speed, measured
 }
 # What the per-env defaults of :func:`env_defaults` mean, for the help of these flags.
 ENV_DEFAULT_NOTES = {
@@ -73,7 +74,7 @@ ENV_DEFAULT_NOTES = {
     "stop_strings": "free text to flat JSON replies: ['}']",
     "max_new_tokens": "40 for free text to flat JSON replies, else 24",
     "temperature": "2.0 with choices, 0.7 for free text to flat JSON replies, else 1.0",
-    "micro_batch_size": "8 for free text to flat JSON replies, else 16",
+    "micro_batch_tokens": "512 for free text to flat JSON replies, else 1024",
     "ent_coef": "0.3 with choices, else 0.0",
     "learning_rate": "0.0001 with choices, else 0.0002",
 }

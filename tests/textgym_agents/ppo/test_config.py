@@ -77,7 +77,7 @@ def test_for_env_is_the_cli_default_and_settings_win():
     assert vector == PPOConfig.for_env("textgym/Blackjack-v1") == PPOConfig.for_env(env)
     free = PPOConfig.for_env("textgym/Calculator-v0")  # replies: flat JSON objects
     assert free.decoding == "free" and free.reply_prefix == '{"' and free.stop_strings == ["}"]
-    assert free.temperature == JSON_REPLY_DEFAULTS["temperature"] and free.micro_batch_size == 8
+    assert free.temperature == JSON_REPLY_DEFAULTS["temperature"] and free.micro_batch_tokens == 512
     assert PPOConfig.for_env("textgym/Calculator-v0", decoding="constrained").stop_strings == []
     with pytest.raises(ValueError, match="did you mean 'learning_rate'"):
         PPOConfig.for_env(env, learning_rte=1e-4)
