@@ -9,6 +9,13 @@ os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
 os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
 os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.gettempdir())
 os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
+# Under pytest-xdist (`pytest -n auto`) each worker gets its share of the cores: torch's
+# default of one thread per core in every worker would oversubscribe them.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    workers = int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
+    affinity = getattr(os, "sched_getaffinity", None)  # Linux; elsewhere every core
+    cores = len(affinity(0)) if affinity else (os.cpu_count() or 1)
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, cores // workers)))
 
 
 @pytest.fixture(scope="session")
