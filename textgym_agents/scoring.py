@@ -203,11 +203,12 @@ class PolicyScoring:
         """Log-probs (and entropy) of the reply tokens, a few rows of logits at a time.
 
         The logits of a reply position are a vocabulary-sized row (49,152 floats for SmolLM2),
-        and the log-softmax and entropy keep several such copies for the backward pass: for
-        free-text replies of 40 tokens they were most of the update's memory. Rows go through
-        the head in chunks of about :data:`HEAD_CHUNK_POSITIONS` positions; with gradients
-        each chunk is checkpointed (its logits recomputed in the backward pass), so only one
-        chunk's logits exist at a time. The same chunks are used without gradients, so the
+        and the log-softmax and entropy keep several such copies for the backward pass, so
+        their memory grows with rows × reply length (for the calculator's 40-token replies it
+        was measured to be small; it matters for long replies). Rows go through the head in
+        chunks of about :data:`HEAD_CHUNK_POSITIONS` positions; with gradients each chunk is
+        checkpointed (its logits recomputed in the backward pass), so only one chunk's logits
+        exist at a time. The same chunks are used without gradients, so the
         scoring pass and the first epoch compute bit-identical log-probs.
         """
         rows, width = labels.shape

@@ -23,13 +23,11 @@ from textgym.cli_common import (
     one_line,
     parse_env_args,
     positive_int,
-    reply_choices,
 )
-from textgym.episodes import reply_schemas
 from textgym.plugins import FunctionCommand
 from textgym_agents.cli.common import from_pretrained, import_agents
 from textgym_agents.cli.runs import read_run_info, resolve_policy
-from textgym_agents.ppo.defaults import DEFAULT_NUM_ENVS, env_defaults
+from textgym_agents.ppo.defaults import DEFAULT_NUM_ENVS, env_defaults, reply_hints
 
 __all__ = [
     "EVAL_SEED",
@@ -140,8 +138,7 @@ def load_policy(
     """
     kind, where, label = resolve_policy(target)
     agents = import_agents()
-    choices = reply_choices(env) if env is not None else None
-    schema = reply_schemas(env) if env is not None else None
+    choices, schema = reply_hints(env) if env is not None else (None, None)
     overrides = env_defaults(choices, {"decoding": decoding} if decoding else {}, schema=schema)
     keys = ("decoding", "reply_prefix", "stop_strings", "max_new_tokens")
     overrides = {k: v for k, v in overrides.items() if k in keys}

@@ -245,22 +245,9 @@ class PPOConfig:
             >>> calculator.decoding, calculator.reply_prefix, calculator.stop_strings
             ('free', '{"', ['}'])
         """
-        import gymnasium as gym
-        from gymnasium.vector import VectorEnv
+        from textgym_agents.ppo.defaults import env_defaults, reply_hints
 
-        from textgym.episodes import reply_choices, reply_schemas
-        from textgym_agents.ppo.defaults import env_defaults
-
-        probe = gym.make(env) if isinstance(env, str) else env
-        try:
-            if isinstance(probe, VectorEnv):
-                choices = next((c for c in reply_choices(probe) or [] if c), None)
-                schema = next((s for s in reply_schemas(probe) or [] if s), None)
-            else:
-                choices, schema = reply_choices(probe), reply_schemas(probe)
-        finally:
-            if probe is not env:
-                probe.close()
+        choices, schema = reply_hints(env)
         defaults = env_defaults(choices, settings, schema=schema)
         return cls.from_dict({**defaults, **settings})
 

@@ -23,6 +23,7 @@ __all__ = [
     "RUN_DEFAULTS",
     "env_defaults",
     "flat_json_replies",
+    "reply_hints",
     "reply_prefix_of",
     "run_defaults",
 ]
@@ -114,8 +115,8 @@ def _flat_object(schema: Mapping[str, Any]) -> bool:
 def flat_json_replies(schema: Mapping[str, Any] | None) -> bool:
     """Whether every reply the schema allows is a JSON object of scalars (no nesting).
 
-    Such a reply starts with ``{"`` and ends at its first ``}`` outside a string, so free text
-    can be started and stopped there (:data:`JSON_REPLY_DEFAULTS`).
+    Such a reply starts with ``{"`` and ends at its first ``}`` (unless a string value holds
+    one), so free text can be started and stopped there (:data:`JSON_REPLY_DEFAULTS`).
 
     Example:
         >>> flat_json_replies({"type": "object", "properties": {"answer": {"type": "number"}}})
@@ -129,6 +130,34 @@ def flat_json_replies(schema: Mapping[str, Any] | None) -> bool:
         return False
     branches = schema.get("anyOf", schema.get("oneOf", [schema]))
     return all(_flat_object(branch) for branch in branches)
+
+
+def reply_hints(env: Any) -> tuple[list[str] | None, Mapping[str, Any] | None]:
+    """``(valid replies, reply JSON schema)`` of a text env, vector env or registered env id.
+
+    What :func:`env_defaults` decides from. For a vector env, the first env that has each.
+
+    Example:
+        >>> import textgym
+        >>> choices, schema = reply_hints("textgym/Blackjack-v1")
+        >>> choices, sorted(schema["properties"])
+        (['{"action": "stick"}', '{"action": "hit"}'], ['action'])
+    """
+    import gymnasium as gym
+    from gymnasium.vector import VectorEnv
+
+    from textgym.episodes import reply_choices, reply_schemas
+
+    probe = gym.make(env) if isinstance(env, str) else env
+    try:
+        if isinstance(probe, VectorEnv):
+            choices = next((c for c in reply_choices(probe) or [] if c), None)
+            schema = next((s for s in reply_schemas(probe) or [] if s), None)
+            return choices, schema
+        return reply_choices(probe), reply_schemas(probe)
+    finally:
+        if probe is not env:
+            probe.close()
 
 
 def run_defaults(env_id: str) -> dict[str, int]:

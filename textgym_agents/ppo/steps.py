@@ -83,16 +83,14 @@ def minibatches(
         prompts = [turns[i].prompt_ids for i in chunk]
         shared = shared_length(prompts, min(len(p) for p in prompts) - 1)
         micros: list[list[int]] = []
+        width = 0  # own tokens of the current micro-batch's first (longest) row
         for i in chunk:  # longest first: a micro-batch's first row sets its padded width
-            if micros:
-                first = turns[micros[-1][0]]
-                width = len(first.prompt_ids) + len(first.response_ids) - shared
-                if len(micros[-1]) < micro_batch_size and width * (len(micros[-1]) + 1) <= (
-                    micro_batch_tokens
-                ):
-                    micros[-1].append(i)
-                    continue
+            rows = len(micros[-1]) if micros else 0
+            if 0 < rows < micro_batch_size and width * (rows + 1) <= micro_batch_tokens:
+                micros[-1].append(i)
+                continue
             micros.append([i])
+            width = len(turns[i].prompt_ids) + len(turns[i].response_ids) - shared
         yield micros
 
 
