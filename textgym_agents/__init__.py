@@ -12,7 +12,15 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from textgym_agents.agent import Agent
     from textgym_agents.evaluation import evaluate
-    from textgym_agents.exceptions import EnvFault, NonFiniteUpdateError, PeerFailure, SIGTERMExit
+    from textgym_agents.exceptions import (
+        CheckpointError,
+        CheckpointWriteError,
+        EnvFault,
+        NonFiniteUpdateError,
+        PeerFailure,
+        RunLockedError,
+        SIGTERMExit,
+    )
     from textgym_agents.generation import Generation
     from textgym_agents.policy import PPOPolicy
     from textgym_agents.ppo.buffer import RolloutBuffer, Turn
@@ -23,6 +31,8 @@ if TYPE_CHECKING:
 
 _EXPORTS = {
     "Agent": "textgym_agents.agent",
+    "CheckpointError": "textgym_agents.exceptions",
+    "CheckpointWriteError": "textgym_agents.exceptions",
     "EnvFault": "textgym_agents.exceptions",
     "Generation": "textgym_agents.generation",
     "NonFiniteUpdateError": "textgym_agents.exceptions",
@@ -31,6 +41,7 @@ _EXPORTS = {
     "PPOTrainer": "textgym_agents.ppo.trainer",
     "PeerFailure": "textgym_agents.exceptions",
     "RolloutBuffer": "textgym_agents.ppo.buffer",
+    "RunLockedError": "textgym_agents.exceptions",
     "SIGTERMExit": "textgym_agents.exceptions",
     "Turn": "textgym_agents.ppo.buffer",
     "evaluate": "textgym_agents.evaluation",
@@ -41,6 +52,8 @@ _EXPORTS = {
 
 __all__ = [
     "Agent",
+    "CheckpointError",
+    "CheckpointWriteError",
     "EnvFault",
     "Generation",
     "NonFiniteUpdateError",
@@ -49,6 +62,7 @@ __all__ = [
     "PPOTrainer",
     "PeerFailure",
     "RolloutBuffer",
+    "RunLockedError",
     "SIGTERMExit",
     "Turn",
     "evaluate",

@@ -2,7 +2,9 @@
 
 Every write is atomic (:mod:`textgym_agents.atomic`: temp file or directory, fsync, rename), so
 a killed run leaves either the previous checkpoint or the new one, never a half-written file at
-a name that is read back.
+a name that is read back. The manifest, written last, lists every file with its size and
+SHA-256 hash (:mod:`textgym_agents.integrity`): a checkpoint damaged later (a partial copy, a
+full disk, bit rot) is recognised and skipped for the newest intact one.
 """
 
 from __future__ import annotations
@@ -29,8 +31,11 @@ from textgym_agents.atomic import (
     remove_path,
     save_tensors,
 )
+from textgym_agents.exceptions import CheckpointError
+from textgym_agents.integrity import file_listing, find_damage
 
 __all__ = [
+    "checkpoint_damage",
     "default_run_dir",
     "discard_checkpoints_after",
     "latest_checkpoint",
@@ -221,7 +226,8 @@ def save_checkpoint(
 
     Each entry of ``tensors`` becomes ``name.safetensors``, each of ``json_files`` ``name.json``;
     ``extra(tmp_dir)`` may write more files (e.g. a peft adapter) before the directory is
-    renamed into place. A ``checkpoint.json`` manifest lists them. Re-saving a step replaces it.
+    renamed into place. A ``checkpoint.json`` manifest, written last, lists them with every
+    file's size and SHA-256 hash (see :func:`checkpoint_damage`). Re-saving a step replaces it.
     Pruning never removes the checkpoint just written. Assumes one writer per run directory:
     it deletes leftovers of crashed saves. Later steps are not removed; when resuming from an
     earlier checkpoint, call :func:`discard_checkpoints_after` first.
@@ -259,7 +265,12 @@ def save_checkpoint(
             atomic_write_json(tmp / f"{name}.json", obj)
         if extra is not None:
             extra(tmp)
-        manifest = {"step": step, "tensors": sorted(tensors), "json": sorted(json_files)}
+        manifest = {
+            "step": step,
+            "tensors": sorted(tensors),
+            "json": sorted(json_files),
+            "files": file_listing(tmp, exclude={MANIFEST}),
+        }
         atomic_write_json(tmp / MANIFEST, manifest)
     if keep is not None:
         for old in list_checkpoints(run_dir)[:-keep]:
@@ -275,28 +286,94 @@ def _delete_checkpoint(path: Path) -> None:
     shutil.rmtree(aside)
 
 
-def list_checkpoints(run_dir: str | os.PathLike[str]) -> list[Path]:
-    """Return the complete checkpoints of a run, oldest step first (temp/aside dirs ignored)."""
+def _step_dirs(run_dir: str | os.PathLike[str]) -> list[Path]:
+    """Every ``step_N`` directory of a run, complete or not, oldest step first."""
     ckpt_dir = Path(run_dir) / "checkpoints"
     if not ckpt_dir.is_dir():
         return []
-    found = [
-        (int(m.group(1)), p)
-        for p in ckpt_dir.iterdir()
-        if (m := _STEP_DIR.fullmatch(p.name)) and (p / MANIFEST).is_file()
-    ]
+    found = [(int(m.group(1)), p) for p in ckpt_dir.iterdir() if (m := _STEP_DIR.fullmatch(p.name))]
     return [p for _, p in sorted(found)]
 
 
+def list_checkpoints(run_dir: str | os.PathLike[str]) -> list[Path]:
+    """Return the complete checkpoints of a run, oldest step first (temp/aside dirs ignored).
+
+    Complete means its manifest exists; :func:`checkpoint_damage` checks the files themselves.
+    """
+    return [p for p in _step_dirs(run_dir) if (p / MANIFEST).is_file()]
+
+
+def _read_manifest(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    if not (path / MANIFEST).is_file():
+        return None, f"{MANIFEST} is missing (an incomplete save or copy)"
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        return None, f"{MANIFEST} is unreadable ({e})"
+    if not isinstance(manifest, dict) or not all(
+        isinstance(manifest.get(key), list) for key in ("tensors", "json")
+    ):
+        return None, f"{MANIFEST} does not list the checkpoint's tensors and JSON files"
+    return manifest, None
+
+
+def checkpoint_damage(path: str | os.PathLike[str]) -> str | None:
+    """What is wrong with a checkpoint directory, in words, or None if it is intact.
+
+    Checks the manifest, then each listed file's size and SHA-256 hash. A checkpoint written
+    before hashes were recorded is checked for the files its manifest names.
+
+    Example:
+        >>> import tempfile, torch
+        >>> run = tempfile.mkdtemp()
+        >>> path = save_checkpoint(run, 1, tensors={"model": {"w": torch.ones(4)}})
+        >>> checkpoint_damage(path) is None
+        True
+        >>> with open(path / "model.safetensors", "r+b") as f:
+        ...     _ = f.truncate(10)
+        >>> checkpoint_damage(path)
+        'model.safetensors is 10 bytes, expected 80 (truncated or replaced)'
+    """
+    path = Path(path)
+    manifest, problem = _read_manifest(path)
+    if manifest is None:
+        return problem
+    if "files" in manifest:
+        return find_damage(path, manifest["files"])
+    names = [f"{n}.safetensors" for n in manifest["tensors"]]
+    names += [f"{n}.json" for n in manifest["json"]]
+    missing = [name for name in names if not (path / name).is_file()]
+    return f"{missing[0]} is missing" if missing else None
+
+
 def latest_checkpoint(run_dir: str | os.PathLike[str]) -> Path | None:
-    """Return the complete checkpoint with the highest step, or None if there is none."""
-    checkpoints = list_checkpoints(run_dir)
-    return checkpoints[-1] if checkpoints else None
+    """Return the newest intact checkpoint of a run, or None if it has no checkpoint at all.
+
+    A damaged or incomplete newer checkpoint is skipped with a warning naming the file and the
+    reason (see :func:`checkpoint_damage`).
+
+    Raises:
+        CheckpointError: The run has checkpoints but none of them is intact.
+    """
+    problems = []
+    for path in reversed(_step_dirs(run_dir)):
+        problem = checkpoint_damage(path)
+        if problem is None:
+            if problems:
+                logger.warning("Using %s, the newest intact checkpoint", path.name)
+            return path
+        logger.warning("Skipping damaged checkpoint %s: %s", path, problem)
+        problems.append(f"{path.name}: {problem}")
+    if problems:
+        raise CheckpointError(
+            f"No intact checkpoint in {Path(run_dir) / 'checkpoints'}: " + "; ".join(problems)
+        )
+    return None
 
 
 def discard_checkpoints_after(run_dir: str | os.PathLike[str], step: int) -> list[Path]:
     """Delete checkpoints with a step greater than ``step`` (resuming from an earlier one)."""
-    removed = [p for p in list_checkpoints(run_dir) if int(p.name.split("_")[1]) > step]
+    removed = [p for p in _step_dirs(run_dir) if int(p.name.split("_")[1]) > step]
     for path in removed:
         _delete_checkpoint(path)
     return removed
@@ -305,11 +382,23 @@ def discard_checkpoints_after(run_dir: str | os.PathLike[str], step: int) -> lis
 def load_checkpoint(
     path: str | os.PathLike[str],
 ) -> tuple[dict[str, dict[str, torch.Tensor]], dict[str, Any]]:
-    """Read the tensors and JSON files listed in a checkpoint's manifest (extras are not read)."""
+    """Read the tensors and JSON files listed in a checkpoint's manifest (extras are not read).
+
+    Raises:
+        FileNotFoundError: ``path`` has no manifest (it is not a checkpoint).
+        CheckpointError: The checkpoint is damaged; the message names the file and the reason.
+    """
     path = Path(path)
     if not (path / MANIFEST).is_file():
         raise FileNotFoundError(f"{path} is not a complete checkpoint: {MANIFEST} is missing")
-    manifest = json.loads((path / MANIFEST).read_text())
-    tensors = {name: load_tensors(path / f"{name}.safetensors") for name in manifest["tensors"]}
-    jsons = {name: json.loads((path / f"{name}.json").read_text()) for name in manifest["json"]}
+    problem = checkpoint_damage(path)
+    if problem is not None:
+        raise CheckpointError(f"Checkpoint {path} is damaged: {problem}")
+    manifest, _ = _read_manifest(path)
+    assert manifest is not None  # checked above
+    try:
+        tensors = {n: load_tensors(path / f"{n}.safetensors") for n in manifest["tensors"]}
+        jsons = {n: json.loads((path / f"{n}.json").read_text()) for n in manifest["json"]}
+    except Exception as e:  # a file damaged in a way its listing cannot tell (an old manifest)
+        raise CheckpointError(f"Checkpoint {path} cannot be read: {e}") from e
     return tensors, jsons

@@ -8,9 +8,12 @@ from __future__ import annotations
 import signal
 
 __all__ = [
+    "CheckpointError",
+    "CheckpointWriteError",
     "EnvFault",
     "NonFiniteUpdateError",
     "PeerFailure",
+    "RunLockedError",
     "SIGTERMExit",
     "raise_signal",
 ]
@@ -108,3 +111,39 @@ class EnvFault(RuntimeError):
             else f"reset (starting its episode {episode})"
         )
         super().__init__(f"{who} raised {type(error).__name__} during {where}: {error}")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint or saved policy is damaged or incomplete, or none in a run is intact.
+
+    The message names the directory, the file and what is wrong with it (missing, truncated,
+    a changed hash, unreadable).
+
+    Example:
+        >>> str(CheckpointError("runs/bj/checkpoints/step_00000003 is damaged: ..."))[:8]
+        'runs/bj/'
+    """
+
+
+class CheckpointWriteError(OSError):
+    """Writing a checkpoint failed (a full disk, a read-only directory): training stopped.
+
+    An ``OSError`` with the failed write's ``errno`` (``errno.ENOSPC`` for a full disk). The
+    checkpoint being written was discarded; earlier ones are intact. ``textgym train`` exits
+    with code 74 (``EX_IOERR``).
+
+    Example:
+        >>> import errno
+        >>> error = CheckpointWriteError(errno.ENOSPC, "No space left on device")
+        >>> error.errno == errno.ENOSPC, isinstance(error, OSError)
+        (True, True)
+    """
+
+
+class RunLockedError(RuntimeError):
+    """Another live process is training into this run directory (see ``run_lock.RunLock``).
+
+    Example:
+        >>> isinstance(RunLockedError("runs/bj is being written by pid 7"), RuntimeError)
+        True
+    """

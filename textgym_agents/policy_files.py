@@ -2,6 +2,8 @@
 
 A policy directory holds the LoRA adapter (peft format), the fp32 value head and
 ``policy.json`` (how to reload the base model, the config); checkpoints embed the same files.
+A saved policy also holds ``files.json``, written last: each file's size and SHA-256 hash, so a
+damaged copy is refused with a message naming the file (:mod:`textgym_agents.integrity`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ from torch import nn
 
 from textgym_agents.adapters import ValueHead, hidden_size_of, load_adapter
 from textgym_agents.atomic import atomic_directory, atomic_write_json, load_tensors, save_tensors
+from textgym_agents.checkpoint import MANIFEST, checkpoint_damage
+from textgym_agents.exceptions import CheckpointError
+from textgym_agents.integrity import file_listing, find_damage
 from textgym_agents.models import load_model
 from textgym_agents.ppo.config import PPOConfig
 
@@ -23,10 +28,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ADAPTER_DIR",
+    "FILES_MANIFEST",
     "POLICY_FILE",
     "VALUE_HEAD_FILE",
     "PolicyParts",
     "load_policy_parts",
+    "policy_damage",
     "save_policy",
     "save_policy_files",
 ]
@@ -34,6 +41,7 @@ __all__ = [
 POLICY_FILE = "policy.json"
 VALUE_HEAD_FILE = "value_head.safetensors"
 ADAPTER_DIR = "adapter"
+FILES_MANIFEST = "files.json"
 
 
 class PolicyParts(NamedTuple):
@@ -59,7 +67,30 @@ def save_policy(policy: PPOPolicy, path: str | Path) -> Path:
     path = Path(path)
     with atomic_directory(path) as tmp:
         save_policy_files(policy, tmp)
+        listing = file_listing(tmp)
+        atomic_write_json(tmp / FILES_MANIFEST, {"format": 1, "files": listing})
     return path
+
+
+def policy_damage(path: str | Path) -> str | None:
+    """What is wrong with a saved policy or checkpoint directory, in words, or None.
+
+    Uses the directory's ``files.json`` (a saved policy) or ``checkpoint.json`` (a
+    checkpoint); a policy saved before hashes were recorded is checked for its files only.
+    """
+    path = Path(path)
+    if (path / MANIFEST).is_file():
+        return checkpoint_damage(path)
+    if (path / FILES_MANIFEST).is_file():
+        try:
+            listing = json.loads((path / FILES_MANIFEST).read_text())["files"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            return f"{FILES_MANIFEST} is unreadable ({e!r})"
+        return find_damage(path, listing)
+    for name in (VALUE_HEAD_FILE, f"{ADAPTER_DIR}/adapter_config.json"):
+        if not (path / name).is_file():
+            return f"{name} is missing"
+    return None
 
 
 def save_policy_files(policy: PPOPolicy, directory: Path) -> None:
@@ -103,11 +134,19 @@ def load_policy_parts(
 
     Raises:
         FileNotFoundError: When ``path`` holds no ``policy.json``.
+        CheckpointError: When a file of the policy is missing, truncated, changed or unreadable
+            (the message names it).
     """
     path = Path(path)
     if not (path / POLICY_FILE).is_file():
         raise FileNotFoundError(f"{path} is not a saved policy: {POLICY_FILE} is missing")
-    info = json.loads((path / POLICY_FILE).read_text())
+    problem = policy_damage(path)
+    if problem is not None:
+        raise CheckpointError(f"The policy {path} is damaged: {problem}")
+    try:
+        info = json.loads((path / POLICY_FILE).read_text())
+    except ValueError as e:
+        raise CheckpointError(f"The policy {path} is damaged: {POLICY_FILE}: {e}") from e
     base = info.get("base", {})
     model, tokenizer = load_model(
         base.get("name_or_path"),
@@ -115,10 +154,12 @@ def load_policy_parts(
         dtype=dtype or base.get("dtype"),
         device=device,
     )
-    peft_model = load_adapter(model, path / ADAPTER_DIR)
+    try:  # damage that no listing records (a policy saved without one) still gets a message
+        peft_model = load_adapter(model, path / ADAPTER_DIR)
+        head_state = load_tensors(path / VALUE_HEAD_FILE)
+    except Exception as e:
+        raise CheckpointError(f"The policy {path} cannot be read: {e}") from e
     value_head = ValueHead(hidden_size_of(peft_model))
-    value_head.load_state_dict(
-        {k: v.float() for k, v in load_tensors(path / VALUE_HEAD_FILE).items()}
-    )
+    value_head.load_state_dict({k: v.float() for k, v in head_state.items()})
     config = PPOConfig.from_dict(info.get("config", {}))
     return PolicyParts(peft_model, tokenizer, value_head, config, base)

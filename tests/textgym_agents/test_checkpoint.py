@@ -182,11 +182,16 @@ def test_save_checkpoint_layout_is_pickle_free(tmp_path):
             assert b"torch._utils" not in data and b"cnumpy" not in data
             if file.suffix == ".json":
                 json.loads(data)
-    assert json.loads((path / "checkpoint.json").read_text()) == {
+    manifest = json.loads((path / "checkpoint.json").read_text())
+    listing = manifest.pop("files")
+    assert manifest == {
         "step": 12,
         "tensors": ["optimizer", "rng", "value_head"],
         "json": ["optimizer", "rng", "trainer"],
     }
+    files = sorted(f.relative_to(path).as_posix() for f in path.rglob("*") if f.is_file())
+    assert sorted(listing) == [name for name in files if name != "checkpoint.json"]
+    assert all(len(entry["sha256"]) == 64 and entry["bytes"] > 0 for entry in listing.values())
     tensors, jsons = load_checkpoint(path)
     assert set(tensors) == {"optimizer", "rng", "value_head"}
     assert jsons["trainer"] == {"step": 12}

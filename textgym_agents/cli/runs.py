@@ -71,10 +71,14 @@ def resume_point(target: str) -> tuple[Path, Path]:
     path = Path(target)
     if not path.exists():
         raise CLIError(f"--resume: no such run directory: {target}")
+    from textgym_agents.exceptions import CheckpointError
+
     try:
         checkpoint = find_checkpoint(path)
     except FileNotFoundError:
         raise CLIError(f"--resume: no checkpoint in {target}, nothing to resume") from None
+    except CheckpointError as e:
+        raise CLIError(f"--resume: {e}") from None
     return (path.parent.parent if checkpoint == path else path), checkpoint
 
 
@@ -109,8 +113,12 @@ def resolve_policy(target: str) -> tuple[str, str | None, str]:
         if (path / "checkpoints").is_dir():
             import_agents()
             from textgym_agents.checkpoint import latest_checkpoint
+            from textgym_agents.exceptions import CheckpointError
 
-            latest = latest_checkpoint(path)
+            try:
+                latest = latest_checkpoint(path)
+            except CheckpointError as e:
+                raise CLIError(str(e)) from None
             if latest is not None:
                 return "policy", str(latest), f"{target} ({latest.name})"
         if is_run_dir(path):

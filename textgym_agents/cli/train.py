@@ -40,7 +40,10 @@ from textgym_agents.cli.runs import (
 )
 from textgym_agents.ppo.defaults import DEFAULT_TRAIN_ENV, RUN_DEFAULTS, run_defaults
 
-__all__ = ["command", "configure", "run_train"]
+__all__ = ["EXIT_WRITE_FAILED", "command", "configure", "run_train"]
+
+#: Exit code when a checkpoint or the final policy cannot be written (a full disk): EX_IOERR.
+EXIT_WRITE_FAILED = 74
 
 USAGE = (
     "textgym train [ENV_ID] [--model M] [--episodes N] [--num-envs N] [--output DIR]\n"
@@ -58,7 +61,10 @@ examples:
   textgym train --resume runs/bj --episodes 2000  # or train longer
 
 The run directory holds config.json, metrics.jsonl, checkpoints/, final/ (the trained
-policy) and learning_curve.png. Ctrl-C saves a checkpoint; --resume continues from it.
+policy) and learning_curve.png. Ctrl-C saves a checkpoint; --resume continues from it
+(a damaged newest checkpoint is skipped for the newest intact one). A run directory another
+live process trains into is refused. Exit codes: 0 done, 130 Ctrl-C, 143 SIGTERM, 74 a
+checkpoint could not be written (a full disk; the earlier checkpoints are intact).
 Envs that list their valid replies use decoding=choices (every reply valid, one forward pass
 per turn) with their common start as reply_prefix; others use free text.
 """
@@ -255,13 +261,40 @@ def run_train(args: argparse.Namespace) -> int:
         return _train(args, agents, process)  # one copy of the output: the main process's
 
 
+def _named_run_dir(args: argparse.Namespace) -> Path | None:
+    """The existing run directory named by --resume or --output, if any."""
+    target = args.resume or args.output
+    if not target or not Path(target).is_dir():
+        return None
+    path = Path(target)
+    return path.parents[1] if (path / "trainer_state.json").is_file() else path
+
+
+def _locked(path: Path | None, process: Any) -> Any:
+    from textgym_agents.run_lock import RunLock
+
+    return RunLock(path) if path is not None and process.is_main else contextlib.nullcontext()
+
+
 def _train(args: argparse.Namespace, agents: Any, process: Any) -> int:
-    plan = _plan(args, agents.PPOConfig)
-    if process.enabled:
-        if args.sft_data:
-            raise UsageError("--sft-data does not run under accelerate launch yet; leave it out")
-        plan.out = Path(process.broadcast_text(str(plan.out)))  # the main process's name
-        process.barrier()  # every process checked plan.out before the main one writes there
+    try:  # a live run named by --resume/--output is refused before it is read
+        with _locked(_named_run_dir(args), process):
+            plan = _plan(args, agents.PPOConfig)
+            if process.enabled:
+                if args.sft_data:
+                    raise UsageError("--sft-data does not run under accelerate launch yet")
+                plan.out = Path(process.broadcast_text(str(plan.out)))  # the main one's name
+                process.barrier()  # every process checked plan.out before the main one writes
+            with _locked(plan.out, process):  # held before the first evaluation
+                return _train_locked(args, agents, process, plan)
+    except agents.RunLockedError as e:
+        raise CLIError(str(e)) from None
+    except agents.CheckpointWriteError as e:
+        print(f"error: {e.strerror}", file=sys.stderr)
+        return EXIT_WRITE_FAILED
+
+
+def _train_locked(args: argparse.Namespace, agents: Any, process: Any, plan: _Plan) -> int:
     out, env_id = plan.out, plan.env_id
     print(f"Run directory: {out}", flush=True)
     if plan.checkpoint is not None:

@@ -12,11 +12,17 @@ Layout of ``output_dir``::
                          + env replay record (+ rng_rankR, rankR: those of process R > 0)
     final/               the trained policy (PPOPolicy.load(output_dir / "final"))
     learning_curve.png   return and invalid-reply rate over the run
+    train.lock           while a process trains into it (see textgym_agents.run_lock)
+
+A checkpoint that fails to write (a full disk) stops the run with
+:class:`~textgym_agents.exceptions.CheckpointWriteError`; the earlier checkpoints stay intact.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,8 +35,11 @@ from tqdm.auto import tqdm
 
 from textgym_agents.atomic import atomic_write_json, load_tensors
 from textgym_agents.checkpoint import (
+    MANIFEST,
+    checkpoint_damage,
     discard_checkpoints_after,
     latest_checkpoint,
+    list_checkpoints,
     load_checkpoint,
     optimizer_state_from_files,
     optimizer_state_to_files,
@@ -39,8 +48,14 @@ from textgym_agents.checkpoint import (
     set_rng_state,
 )
 from textgym_agents.distributed.signals import StopSignals
-from textgym_agents.exceptions import NonFiniteUpdateError, SIGTERMExit
+from textgym_agents.exceptions import (
+    CheckpointError,
+    CheckpointWriteError,
+    NonFiniteUpdateError,
+    SIGTERMExit,
+)
 from textgym_agents.ppo.tracked import restore_rollout, rollout_state
+from textgym_agents.run_lock import RunLock
 from textgym_agents.tracking.metrics_log import MetricsLogger
 from textgym_agents.tracking.plotting import plot_learning_curves
 
@@ -53,9 +68,18 @@ logger = logging.getLogger(__name__)
 
 
 def find_checkpoint(path: str | Path) -> Path:
-    """Return the checkpoint directory for a run directory (its latest) or a checkpoint path."""
+    """Return the checkpoint to resume from: a run directory's newest intact one, or ``path``.
+
+    Raises:
+        FileNotFoundError: ``path`` is neither a checkpoint nor a run with checkpoints.
+        CheckpointError: ``path`` is a damaged checkpoint, or a run none of whose checkpoints
+            is intact (damaged newer ones are skipped with a warning).
+    """
     path = Path(path)
-    if (path / "trainer_state.json").is_file():
+    if (path / "trainer_state.json").is_file() or (path / MANIFEST).is_file():
+        problem = checkpoint_damage(path)
+        if problem is not None:
+            raise CheckpointError(f"Checkpoint {path} is damaged: {problem}")
         return path
     found = latest_checkpoint(path)
     if found is None:
@@ -97,9 +121,20 @@ class TrainingRun:
         :class:`~textgym_agents.distributed.signals.StopSignals`), a failed rollout stops them
         all, and the main process writes the files while the others wait.
         """
-        trainer, config, process = self.trainer, self.trainer.config, self.process
         if not (isinstance(total_episodes, int) and total_episodes >= 1):
             raise ValueError(f"total_episodes must be an int >= 1, got {total_episodes!r}")
+        writes = self.output_dir is not None and self.process.is_main
+        # One writer per run directory: a second process is refused before it reads anything.
+        with RunLock(self.output_dir) if writes else contextlib.nullcontext():  # type: ignore[arg-type]
+            return self._run(total_episodes, resume_from, callback)
+
+    def _run(
+        self,
+        total_episodes: int,
+        resume_from: str | Path | None,
+        callback: Callable[[dict[str, float]], Any] | None,
+    ) -> dict[str, float]:
+        trainer, config, process = self.trainer, self.trainer.config, self.process
         if resume_from is not None:
             self.resume(resume_from)
             process.barrier()  # all have read the checkpoint before the main process prunes
@@ -148,7 +183,8 @@ class TrainingRun:
         if self.output_dir is not None:
             self.checkpoint()
             if process.is_main:
-                trainer.policy.save(self.output_dir / "final")
+                final = self.output_dir / "final"
+                _writing(self.output_dir, final, lambda: trainer.policy.save(final))
                 plot_learning_curves([self.output_dir], self.output_dir / "learning_curve.png")
         process.barrier()  # learn() returns everywhere once the run directory is complete
         return metrics
@@ -236,6 +272,8 @@ class TrainingRun:
         step = self.trainer.update_step
         if self.output_dir is None:
             return
+        if isinstance(error, CheckpointWriteError):
+            return  # its message says it all and was logged; another save would fail too
         if mid_update:
             note = (
                 f"Training failed during update {step + 1}, after it had changed the weights: "
@@ -311,13 +349,17 @@ class TrainingRun:
         for rank, (rank_tensors, rank_meta) in enumerate(ranks[1:], start=1):
             tensors[f"rng_rank{rank}"] = rank_tensors
             json_files[f"rank{rank}"] = rank_meta
-        return save_checkpoint(
+        return _writing(
             self.output_dir,
-            trainer.update_step,
-            tensors=tensors,
-            json_files=json_files,
-            keep=trainer.config.keep_checkpoints,
-            extra=trainer.policy.save_files,
+            self.output_dir / "checkpoints" / f"step_{trainer.update_step:08d}",
+            lambda: save_checkpoint(
+                self.output_dir,  # type: ignore[arg-type]
+                trainer.update_step,
+                tensors=tensors,
+                json_files=json_files,
+                keep=trainer.config.keep_checkpoints,
+                extra=trainer.policy.save_files,
+            ),
         )
 
     def resume(self, path: str | Path) -> None:
@@ -366,6 +408,26 @@ class TrainingRun:
             saved = own["envs"] if own is not None else None
             restore_rollout(trainer.envs, trainer.collector, saved, fresh_seed=seed)
         logger.info("Resumed from %s at update %d", checkpoint, trainer.update_step)
+
+
+def _writing(run_dir: Path, path: Path, write: Callable[[], Any]) -> Any:
+    """``write()`` of ``path``; an ``OSError`` (a full disk) becomes one CheckpointWriteError.
+
+    The atomic writers have already discarded the partial ``path``; the message says so and
+    names the newest checkpoint left, and is logged once.
+    """
+    try:
+        return write()
+    except OSError as e:
+        reason = os.strerror(e.errno) if e.errno else str(e)
+        kept = [p.name for p in list_checkpoints(run_dir)]
+        left = f"the latest checkpoint {kept[-1]} is intact" if kept else "no checkpoint exists"
+        message = (
+            f"Could not write {path}: {reason}. The partial write was discarded and {left}; "
+            f"free space (or fix the directory) and resume from {run_dir}"
+        )
+        logger.error(message)
+        raise CheckpointWriteError(e.errno, message) from e
 
 
 def _postfix(metrics: dict[str, float]) -> dict[str, str]:
