@@ -55,7 +55,8 @@ def reference_of(obj: Any, base: type | tuple[type, ...] = ()) -> str | None:
     A function or class has a name when importing ``obj.__module__`` and looking up its
     ``__qualname__`` gives ``obj`` back (not a lambda, a local function or a class made at
     run time). An instance of one of the ``base`` classes is named by its class when calling
-    the class without arguments builds an equal object (an unconfigured formatter or parser).
+    the class without arguments builds an equal object (an unconfigured formatter or parser);
+    the check builds one, so a formatter or parser should be cheap to build.
 
     Example:
         >>> from textgym.envs.classic import BlackjackFormatter
