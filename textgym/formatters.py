@@ -13,6 +13,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from textgym.references import is_reference, resolve
+
 __all__ = [
     "Formatter",
     "FunctionFormatter",
@@ -199,16 +201,31 @@ def as_formatter(formatter: Any) -> Formatter:
     """Coerce what a user passed as ``formatter`` into a :class:`Formatter`.
 
     Args:
-        formatter: None (generic), a :class:`Formatter`, a template string or a callable.
+        formatter: None (generic), a :class:`Formatter`, a template string, a callable, or
+            the importable name ``"module:Name"`` of a Formatter class (built without
+            arguments) or of a function (a string of that form is never a template: a
+            template without fields would print the same text every turn).
 
     Example:
         >>> as_formatter("State {obs}")(3, {})
         'State 3'
+        >>> as_formatter("textgym.envs.classic:BlackjackFormatter")((15, 1, 1), {})
+        'Your hand totals 15, counting an ace as 11. The dealer shows an ace.'
     """
     if formatter is None:
         return GenericFormatter()
     if isinstance(formatter, Formatter):
         return formatter
+    if is_reference(formatter):
+        named = resolve(formatter)
+        if isinstance(named, type) and issubclass(named, Formatter):
+            return named()
+        if isinstance(named, Formatter) or (callable(named) and not isinstance(named, type)):
+            return as_formatter(named)
+        raise TypeError(
+            f"Expected {formatter!r} to name a Formatter class or a function (obs, info) -> "
+            f"str, got {type(named).__name__}"
+        )
     if isinstance(formatter, str):
         return TemplateFormatter(formatter)
     if callable(formatter):

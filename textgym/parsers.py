@@ -18,11 +18,16 @@ from pydantic import BaseModel, ValidationError
 
 from textgym.instructions import describe_model, example_from_schema
 from textgym.json_spans import fenced_blocks, json_objects, outside_json
+from textgym.references import is_reference, resolve
 from textgym.schemas import ActionNames, ActionSchema, schema_from_space
 
 __all__ = ["ActionParseError", "ActionParser", "FunctionParser", "JSONActionParser", "as_parser"]
 
 _MAX_CANDIDATES = 8
+# JSONActionParser attributes derived from (source, to_action, from_action, lenient).
+_BUILT_FROM_SOURCE = frozenset(
+    {"schema", "model", "_to_action", "_from_action", "_names_pattern", "_instructions"}
+)
 _MAX_ERROR_CHARS = 500
 
 
@@ -131,6 +136,7 @@ class JSONActionParser(ActionParser):
             raise TypeError(f"Expected a Pydantic model class or ActionSchema, got {model!r}")
         self.schema = schema
         self.model = schema.model
+        self._source = model
         self._given = (model if isinstance(model, type) else None, to_action, from_action)
         self._to_action = to_action or schema.to_action
         self._from_action = from_action or schema.from_action
@@ -159,6 +165,26 @@ class JSONActionParser(ActionParser):
         )
 
     __hash__ = None  # type: ignore[assignment]
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle what the parser was built from; the model and patterns are rebuilt on load.
+
+        A model generated from a space has no importable name, so it cannot be pickled
+        itself; its :class:`ActionSchema` pickles as the space and options instead.
+        """
+        return {k: v for k, v in vars(self).items() if k not in _BUILT_FROM_SOURCE}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Rebuild the parser from its source, then restore any other attributes."""
+        _, to_action, from_action = state["_given"]
+        JSONActionParser.__init__(
+            self,
+            state["_source"],
+            to_action=to_action,
+            from_action=from_action,
+            lenient=state["lenient"],
+        )
+        vars(self).update(state)
 
     @classmethod
     def from_space(
@@ -327,7 +353,9 @@ def as_parser(parser: Any, action_space: gym.Space[Any], **schema_options: Any) 
 
     Args:
         parser: None (generate from ``action_space``), an :class:`ActionParser`, a Pydantic
-            model class, an :class:`ActionSchema`, or a callable ``reply -> action``.
+            model class, an :class:`ActionSchema`, a callable ``reply -> action``, or the
+            importable name ``"module:Name"`` of any of these (an ActionParser class is
+            built without arguments).
         action_space: The wrapped env's action space.
         **schema_options: ``action_names``, ``field_name``, ``description`` for generation.
 
@@ -335,6 +363,8 @@ def as_parser(parser: Any, action_space: gym.Space[Any], **schema_options: Any) 
         >>> from gymnasium.spaces import Discrete
         >>> as_parser(None, Discrete(3)).parse('{"action": 2}')
         np.int64(2)
+        >>> as_parser("textgym.envs.calculator_parser:CalculatorParser", None).parse("Answer: 4")
+        'Answer: 4'
     """
     if parser is None:
         return JSONActionParser.from_space(action_space, **schema_options)
@@ -342,6 +372,18 @@ def as_parser(parser: Any, action_space: gym.Space[Any], **schema_options: Any) 
         raise ValueError(f"{sorted(schema_options)} only apply when no parser is given")
     if isinstance(parser, ActionParser):
         return parser
+    if isinstance(parser, str):
+        if not is_reference(parser):
+            raise TypeError(
+                f"Expected a parser given as a string to be an importable name 'module:Name', "
+                f"got {parser!r}"
+            )
+        named = resolve(parser)
+        if isinstance(named, type) and issubclass(named, ActionParser):
+            return named()
+        if isinstance(named, str):  # a name must lead to an object, not to another name
+            raise TypeError(f"Expected {parser!r} to name a parser, got the string {named!r}")
+        return as_parser(named, action_space)
     if isinstance(parser, ActionSchema) or (
         isinstance(parser, type) and issubclass(parser, BaseModel)
     ):

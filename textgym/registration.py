@@ -105,7 +105,7 @@ def register(
     kwargs.update(env_kwargs or {})
     gym.register(
         id=id,
-        entry_point=make_text_env,
+        entry_point="textgym.registration:make_text_env",
         kwargs=kwargs,
         max_episode_steps=max_episode_steps,
     )

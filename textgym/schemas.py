@@ -6,10 +6,11 @@ validated against, plus the conversions between a validated model and an env act
 
 from __future__ import annotations
 
+import dataclasses
 import keyword
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, SupportsIndex
 
 import numpy as np
 from gymnasium import spaces
@@ -33,6 +34,10 @@ class ActionSchema:
         actions: Every env action, in order, when the set is finite and small (else None).
         names: The reply names of ``actions`` when they have names (lenient free-text parsing).
         field: Name of the single field holding the action, or None for Dict spaces.
+        recipe: The arguments :func:`schema_from_space` was called with (None for a schema
+            made by hand). A generated model class cannot be pickled (it has no importable
+            name), so a schema with a recipe pickles and copies as its recipe and is
+            generated again on loading.
 
     Example:
         >>> from gymnasium.spaces import Discrete
@@ -41,6 +46,9 @@ class ActionSchema:
         np.int64(1)
         >>> schema.from_action(0).model_dump_json()
         '{"action":"stick"}'
+        >>> import pickle
+        >>> pickle.loads(pickle.dumps(schema)).from_action(1).model_dump_json()
+        '{"action":"hit"}'
     """
 
     model: type[BaseModel]
@@ -49,6 +57,17 @@ class ActionSchema:
     actions: tuple[Any, ...] | None = None
     names: tuple[str, ...] | None = None
     field: str | None = "action"
+    recipe: Mapping[str, Any] | None = dataclasses.field(default=None, repr=False, compare=False)
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> Any:
+        """Pickle (and deep-copy) a generated schema as the call that generates it."""
+        if self.recipe is None:
+            return super().__reduce_ex__(protocol)
+        return _from_recipe, (dict(self.recipe),)
+
+
+def _from_recipe(recipe: Mapping[str, Any]) -> ActionSchema:
+    return schema_from_space(**recipe)
 
 
 @dataclass(frozen=True)
@@ -91,6 +110,12 @@ def schema_from_space(
         >>> schema.to_action(schema.model(torque=0.5))
         array([0.5], dtype=float32)
     """
+    recipe = {
+        "space": space,
+        "action_names": action_names,
+        "field_name": field_name,
+        "description": description,
+    }
     if isinstance(space, spaces.Dict):
         if not isinstance(action_names, Mapping | None):
             raise ValueError("For a Dict action space, action_names must map keys to name lists")
@@ -100,6 +125,7 @@ def schema_from_space(
             to_action=to_env,
             from_action=lambda action: model.model_validate(to_json(action)),
             field=None,
+            recipe=recipe,
         )
     if isinstance(action_names, Mapping):
         raise ValueError("action_names is a mapping, but the action space is not a Dict space")
@@ -121,6 +147,7 @@ def schema_from_space(
         actions=actions,
         names=discrete_names,
         field=field_name,
+        recipe=recipe,
     )
 
 

@@ -13,10 +13,12 @@ from collections.abc import Mapping
 from typing import Any, SupportsFloat
 
 import gymnasium as gym
+import numpy as np
 from gymnasium.core import ActType, ObsType
 
-from textgym.formatters import as_formatter
-from textgym.parsers import ActionParseError, as_parser
+from textgym.formatters import Formatter, as_formatter
+from textgym.parsers import ActionParseError, ActionParser, as_parser
+from textgym.references import reference_of
 from textgym.spaces import ChatMessages, UnicodeText
 
 __all__ = ["INVALID_MODES", "Messages", "TextEnvWrapper"]
@@ -100,19 +102,21 @@ class TextEnvWrapper(gym.Wrapper[Messages, str, ObsType, ActType], gym.utils.Rec
             action_description: Description of the action field shown to the model.
             env_kwargs: Keyword arguments for ``gym.make`` when ``env`` is an id.
         """
+        # The spec records JSON where it can (a formatter or parser by its importable name),
+        # so `env.spec.to_json()` works; other objects are recorded as they are.
         gym.utils.RecordConstructorArgs.__init__(
             self,
-            formatter=formatter,
-            parser=parser,
+            formatter=reference_of(formatter, Formatter) or formatter,
+            parser=reference_of(parser, ActionParser) or parser,
             system_prompt=system_prompt,
             history=history,
             on_invalid=on_invalid,
             invalid_penalty=invalid_penalty,
             max_invalid=max_invalid,
-            default_action=default_action,
+            default_action=_json_like(default_action),
             max_reply_chars=max_reply_chars,
             max_observation_chars=max_observation_chars,
-            action_names=action_names,
+            action_names=_json_like(action_names),
             action_field=action_field,
             action_description=action_description,
         )
@@ -323,6 +327,17 @@ class TextEnvWrapper(gym.Wrapper[Messages, str, ObsType, ActType], gym.utils.Rec
                 f"{self.env.action_space}"
             )
         return default_action
+
+
+def _json_like(value: Any) -> Any:
+    """Tuples as lists and numpy scalars as Python numbers, as they come back from JSON."""
+    if isinstance(value, tuple | list):
+        return [_json_like(v) for v in value]
+    if isinstance(value, Mapping):
+        return {k: _json_like(v) for k, v in value.items()}
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
 
 
 def _check_options(

@@ -35,6 +35,7 @@ __all__ = [
     "CalculatorReply",
     "CalculatorRewards",
     "make_calculator_text_env",
+    "observation_text",
 ]
 
 DIFFICULTIES = ("add", "multiply", "power", "multistep", "mixed")
@@ -260,8 +261,15 @@ def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def _observation_text(obs: str, info: Any) -> str:
-    """The env already speaks text, so the formatter passes it through."""
+def observation_text(obs: str, info: Any) -> str:
+    """The formatter of ``textgym/Calculator-v0``: the env already speaks text, so pass it on.
+
+    The spec names it ``"textgym.envs.calculator:observation_text"``.
+
+    Example:
+        >>> observation_text("What is 2 + 3?", {})
+        'What is 2 + 3?'
+    """
     return obs
 
 
@@ -298,7 +306,7 @@ def make_calculator_text_env(
         (1.0, True)
     """
     env = CalculatorEnv(difficulty, rewards=rewards, max_turns=max_turns, render_mode=render_mode)
-    wrapper_kwargs.setdefault("formatter", _observation_text)
+    wrapper_kwargs.setdefault("formatter", observation_text)
     wrapper_kwargs.setdefault("parser", CalculatorParser())
     wrapper_kwargs.setdefault("system_prompt", SYSTEM_PROMPT + EXAMPLE_EPISODE)
     wrapper_kwargs.setdefault("history", 4)
