@@ -1,5 +1,6 @@
 """Shared test set-up: headless rendering for Gymnasium's pygame-based envs, a tiny model dir."""
 
+import importlib.util
 import os
 import tempfile
 
@@ -16,6 +17,9 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     affinity = getattr(os, "sched_getaffinity", None)  # Linux; elsewhere every core
     cores = len(affinity(0)) if affinity else (os.cpu_count() or 1)
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, cores // workers)))
+
+# This module imports minigrid (the minigrid extra) at the top; its doctest needs it.
+collect_ignore = [] if importlib.util.find_spec("minigrid") else ["textgym/envs/minigrid_levels.py"]
 
 
 @pytest.fixture(scope="session")
