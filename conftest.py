@@ -18,8 +18,18 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     cores = len(affinity(0)) if affinity else (os.cpu_count() or 1)
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, cores // workers)))
 
-# This module imports minigrid (the minigrid extra) at the top; its doctest needs it.
-collect_ignore = [] if importlib.util.find_spec("minigrid") else ["textgym/envs/minigrid_levels.py"]
+# Without the minigrid extra: this module imports minigrid at the top, these doctests make envs.
+HAS_MINIGRID = importlib.util.find_spec("minigrid") is not None
+collect_ignore = [] if HAS_MINIGRID else ["textgym/envs/minigrid_levels.py"]
+NEEDS_MINIGRID = {"textgym.envs.minigrid_text.make_babyai_text_env"}
+
+
+def pytest_collection_modifyitems(items):
+    """Skip the doctests that make BabyAI envs when minigrid is not installed."""
+    skip = pytest.mark.skip(reason='needs minigrid: pip install "textgym[minigrid]"')
+    for item in items:
+        if not HAS_MINIGRID and item.name in NEEDS_MINIGRID:
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

@@ -295,11 +295,14 @@ def make_babyai_text_env(
             rest to the level (``room_size=6``).
 
     Example:
-        >>> import gymnasium as gym
-        >>> env = gym.make("textgym/BabyAI-GoToRedBall-v0")  # doctest: +SKIP
-        >>> print(env.reset(seed=0)[0][-1]["content"])  # doctest: +SKIP
-        Mission: go to the red ball
-        ...
+        >>> import textgym
+        >>> env = gym.make("textgym/BabyAI-GoToRedBall-v0", last_actions=2)
+        >>> messages, info = env.reset(seed=0)
+        >>> print(messages[-1]["content"].splitlines()[1])
+        You see a wall 6 steps forward.
+        >>> messages, reward, terminated, truncated, info = env.step('{"action": "go forward"}')
+        >>> print(messages[-1]["content"].splitlines()[-1])
+        Your last actions: go forward.
     """
     from textgym.registration import WRAPPER_OPTIONS  # here: registration imports this module
 
