@@ -1,5 +1,6 @@
 """Shared test set-up: headless rendering for Gymnasium's pygame-based envs, a tiny model dir."""
 
+import importlib.util
 import os
 import tempfile
 
@@ -16,6 +17,19 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     affinity = getattr(os, "sched_getaffinity", None)  # Linux; elsewhere every core
     cores = len(affinity(0)) if affinity else (os.cpu_count() or 1)
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, cores // workers)))
+
+# Without the minigrid extra: this module imports minigrid at the top, these doctests make envs.
+HAS_MINIGRID = importlib.util.find_spec("minigrid") is not None
+collect_ignore = [] if HAS_MINIGRID else ["textgym/envs/minigrid_levels.py"]
+NEEDS_MINIGRID = {"textgym.envs.minigrid_text.make_babyai_text_env"}
+
+
+def pytest_collection_modifyitems(items):
+    """Skip the doctests that make BabyAI envs when minigrid is not installed."""
+    skip = pytest.mark.skip(reason='needs minigrid: pip install "textgym[minigrid]"')
+    for item in items:
+        if not HAS_MINIGRID and item.name in NEEDS_MINIGRID:
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

@@ -14,6 +14,7 @@ from typing import Any
 
 from textgym.cli_common import (
     DEFAULT_ENV,
+    CLIError,
     add_env_arg,
     make_env,
     parse_env_args,
@@ -21,6 +22,7 @@ from textgym.cli_common import (
     reply_choices,
     text_wrapper,
 )
+from textgym.extras import MissingExtraError
 from textgym.plugins import find_policy_loader
 
 __all__ = ["ENVS", "PLAY", "EnvsCommand", "PlayCommand", "run_envs", "run_play"]
@@ -103,7 +105,20 @@ PLAY = PlayCommand()
 
 
 def _describe_env(env_id: str, verbose: bool) -> dict[str, Any]:
-    env = make_env(env_id)
+    try:
+        env = make_env(env_id)
+    except CLIError as e:
+        if not isinstance(e.__cause__, MissingExtraError):
+            raise
+        # Listed anyway, with the line that installs what it needs.
+        return {
+            "id": env_id,
+            "base": env_id.split("/")[-1],
+            "max_episode_steps": None,
+            "reply_choices": None,
+            "instructions": "",
+            "unavailable": str(e.__cause__),
+        }
     try:
         wrapper = text_wrapper(env)
         base = env.spec.kwargs.get("env_id") if env.spec is not None else None
@@ -133,7 +148,9 @@ def run_envs(args: argparse.Namespace) -> int:
     for row in rows:
         limit = f", at most {row['max_episode_steps']} turns" if row["max_episode_steps"] else ""
         print(f"{row['id']}  ({row['base']}{limit})")
-        if row["reply_choices"] and not args.verbose:
+        if "unavailable" in row:
+            print(f"  unavailable: {row['unavailable']}")
+        elif row["reply_choices"] and not args.verbose:
             print("  replies: " + " | ".join(row["reply_choices"]))
         elif not args.verbose:
             print(_indent("free text: " + row["instructions"], "  ", "    "))

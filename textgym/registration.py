@@ -13,6 +13,7 @@ from typing import Any
 import gymnasium as gym
 
 from textgym.envs.classic import PRESETS, ReportSuccess
+from textgym.envs.minigrid_text import BABYAI_LEVELS
 from textgym.wrappers import TextEnvWrapper
 
 __all__ = ["NAMESPACE", "WRAPPER_OPTIONS", "make_text_env", "register", "registered_ids"]
@@ -132,6 +133,12 @@ def _register_builtin() -> None:
         id=f"{NAMESPACE}/Calculator-v0",
         entry_point="textgym.envs.calculator:make_calculator_text_env",
     )
+    for name in BABYAI_LEVELS:  # listed without minigrid; making one names the extra to install
+        gym.register(
+            id=f"{NAMESPACE}/{name}",
+            entry_point="textgym.envs.minigrid_text:make_babyai_text_env",
+            kwargs={"level": name},
+        )
 
 
 if f"{NAMESPACE}/Blackjack-v1" not in gym.registry:

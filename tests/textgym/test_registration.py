@@ -20,7 +20,9 @@ CLASSIC_IDS = [
 
 
 def test_registered_ids():
-    assert registered_ids() == sorted([*CLASSIC_IDS, "textgym/Calculator-v0"])
+    babyai = [f"textgym/BabyAI-{name}-v0" for name in ("GoToRedBall", "GoToLocal", "OpenDoor")]
+    babyai += ["textgym/BabyAI-PickupLocal-v0", "textgym/BabyAI-PutNextLocal-v0"]
+    assert registered_ids() == sorted([*CLASSIC_IDS, "textgym/Calculator-v0", *babyai])
 
 
 @pytest.mark.parametrize("env_id", CLASSIC_IDS)

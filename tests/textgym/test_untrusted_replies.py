@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 import textgym  # noqa: F401  (registers the textgym/ ids)
 from textgym.envs.calculator_parser import MAX_COMMAND_CHARS, CalculatorParser
+from textgym.extras import MissingExtraError
 from textgym.parsers import ActionParseError, ActionParser, FunctionParser, JSONActionParser
 from textgym.registration import registered_ids
 from textgym.spaces import UnicodeText
@@ -104,7 +105,10 @@ def _parsers() -> dict[str, tuple[gym.Space[Any] | None, ActionParser]]:
     found["function"] = (None, FunctionParser(_user_function))
     found["calculator"] = (UnicodeText(MAX_COMMAND_CHARS), CalculatorParser())
     for env_id in registered_ids():
-        env = gym.make(env_id)
+        try:
+            env = gym.make(env_id)
+        except MissingExtraError:  # e.g. the BabyAI envs without minigrid
+            continue
         wrapper = env
         while not isinstance(wrapper, TextEnvWrapper):
             wrapper = wrapper.env
@@ -304,7 +308,7 @@ def test_parse_time_grows_linearly_with_reply_size():
 # --- through the env: a reply never crashes a step ------------------------------------------
 
 
-@pytest.mark.parametrize("env_id", registered_ids())
+@pytest.mark.parametrize("env_id", [i for i in registered_ids() if i in PARSERS])
 @settings(max_examples=25, deadline=None, derandomize=True)
 @given(data=st.data())
 def test_any_reply_steps_every_registered_env(env_id, data):
