@@ -6,19 +6,21 @@ Batched over envs by :func:`textgym.episodes.run_episodes`; the result is a
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import warnings
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import gymnasium as gym
 from gymnasium.vector import VectorEnv
 
+from textgym.env_records import prompt_difference
 from textgym.episodes import run_episodes
 from textgym.evaluation import Evaluation
 from textgym.policy import JSONSchema, Policy, PolicyBase, as_policy
 from textgym.wrappers import Messages
 from textgym_agents.ppo.rollout import as_vector_env
 
-__all__ = ["evaluate"]
+__all__ = ["evaluate", "warn_if_prompt_differs"]
 
 
 class _Generating(PolicyBase):
@@ -87,6 +89,7 @@ def evaluate(
     """
     if not (isinstance(n_episodes, int) and n_episodes >= 1):
         raise ValueError(f"n_episodes must be an int >= 1, got {n_episodes!r}")
+    warn_if_prompt_differs(policy, env, stacklevel=3)
     if isinstance(policy, Policy) or not hasattr(policy, "generate"):
         actor = as_policy(policy)
     else:
@@ -98,6 +101,34 @@ def evaluate(
         if owned:
             envs.close()
     return Evaluation.from_episodes(sorted(episodes, key=lambda e: (e.env_index, e.index)))
+
+
+def warn_if_prompt_differs(policy: Any, env: Any, stacklevel: int = 2) -> str | None:
+    """Warn when ``env`` prompts otherwise than the env ``policy`` was trained on.
+
+    A policy tuned under one system prompt (or one set of action instructions) can fail under
+    another: the calculator policy that solved 67.5% with its training prompt solved 0% under
+    the registered default. Uses the policy's ``trained_env`` record (kept by training and
+    ``save()``); silent for policies without one.
+
+    Returns:
+        The warning's text, or None when nothing differs (or nothing is known).
+    """
+    record = getattr(policy, "trained_env", None)
+    if not isinstance(record, Mapping):
+        return None
+    difference = prompt_difference(record, env)
+    if difference is None:
+        return None
+    spec = getattr(env, "spec", None)
+    message = (
+        f"The evaluation env ({spec.id if spec is not None else 'no id'}) is not the one this "
+        f"policy was trained on ({record.get('id')}): {difference}. Evaluate on the training env "
+        "(`textgym eval RUN` rebuilds it; in Python textgym.env_records.make_recorded_env("
+        "policy.trained_env)) unless the change is what you are testing"
+    )
+    warnings.warn(message, UserWarning, stacklevel=stacklevel)
+    return message
 
 
 def _as_batched(env: Any, num_envs: int) -> tuple[VectorEnv, bool]:

@@ -86,6 +86,9 @@ class PPOPolicy(PolicyScoring):
         # model was loaded from (transformers keeps it in config._name_or_path).
         name = getattr(getattr(self.model, "config", None), "_name_or_path", None) or None
         self.base_info = dict(base_info or {"name_or_path": name})
+        # The env it was trained on (textgym.env_records.env_record), set by training and
+        # kept by save(): evaluation rebuilds it and warns when another env prompts otherwise.
+        self.trained_env: dict[str, Any] | None = None
         self.eos_ids = _eos_ids(tokenizer, self.model)
         self._prefix_cache: tuple[str | None, list[int]] = (None, [])
         self._choice_cache: dict[tuple[str, tuple[str, ...]], list[list[int]]] = {}
@@ -327,13 +330,15 @@ class PPOPolicy(PolicyScoring):
     ) -> PPOPolicy:
         """Load a policy written by :meth:`save` (or a checkpoint directory)."""
         parts = load_policy_parts(path, device=device, dtype=dtype)
-        return cls(
+        policy = cls(
             parts.model,
             parts.tokenizer,
             parts.value_head,
             config=parts.config,
             base_info=parts.base_info,
         )
+        policy.trained_env = parts.trained_env
+        return policy
 
 
 def _default_run_dir(envs: Any) -> Path:

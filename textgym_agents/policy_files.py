@@ -52,6 +52,7 @@ class PolicyParts(NamedTuple):
     value_head: ValueHead
     config: PPOConfig
     base_info: dict[str, Any]
+    trained_env: dict[str, Any] | None  # textgym.env_records.env_record of its training env
 
 
 def save_policy(policy: PPOPolicy, path: str | Path) -> Path:
@@ -112,6 +113,8 @@ def save_policy_files(policy: PPOPolicy, directory: Path) -> None:
     policy.model.save_pretrained(directory / ADAPTER_DIR)
     save_tensors(directory / VALUE_HEAD_FILE, dict(policy.value_head.state_dict()))
     info = {"base": policy.base_info, "config": policy.config.to_dict(), "format": 1}
+    if policy.trained_env is not None:
+        info["env"] = policy.trained_env
     atomic_write_json(directory / POLICY_FILE, info)
 
 
@@ -162,4 +165,5 @@ def load_policy_parts(
     value_head = ValueHead(hidden_size_of(peft_model))
     value_head.load_state_dict({k: v.float() for k, v in head_state.items()})
     config = PPOConfig.from_dict(info.get("config", {}))
-    return PolicyParts(peft_model, tokenizer, value_head, config, base)
+    trained_env = info.get("env") if isinstance(info.get("env"), dict) else None
+    return PolicyParts(peft_model, tokenizer, value_head, config, base, trained_env)

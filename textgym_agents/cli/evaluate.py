@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -24,9 +25,10 @@ from textgym.cli_common import (
     parse_env_args,
     positive_int,
 )
+from textgym.env_records import make_recorded_env
 from textgym.plugins import FunctionCommand
 from textgym_agents.cli.common import from_pretrained, import_agents
-from textgym_agents.cli.runs import read_run_info, resolve_policy
+from textgym_agents.cli.runs import read_run_info, read_trained_env, resolve_policy
 from textgym_agents.ppo.defaults import DEFAULT_NUM_ENVS, env_defaults, reply_hints
 
 __all__ = [
@@ -149,7 +151,7 @@ def load_policy(
         return from_pretrained(agents, where, config), label
     try:
         policy = agents.PPOPolicy.load(where)
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, agents.CheckpointError) as e:
         raise CLIError(f"could not load the policy in {where}: {one_line(e)}") from e
     if decoding:
         values = {**policy.config.to_dict(), **overrides}
@@ -244,6 +246,32 @@ def format_table(rows: list[tuple[str, str, Mapping[str, Any]]]) -> str:
     )
 
 
+def eval_env(
+    target: str, env_id: str | None, env_args: Mapping[str, Any]
+) -> tuple[str, gym.Env[Any, Any]]:
+    """The env to evaluate ``target`` on: ``env_id``, else the one it was trained on.
+
+    The training env is rebuilt from the run's env record (its spec, custom system prompt
+    included), else from ``cli.json``'s id and ``-e`` arguments; with neither, the default env.
+    ``env_args`` (``-e KEY=VALUE``) override the rebuilt env's arguments.
+    """
+    if env_id is None and Path(target).exists():
+        record = read_trained_env(target)
+        if record is not None and record.get("spec"):
+            try:
+                env = make_recorded_env(record, **env_args)
+            except Exception as e:  # a record from another version, a missing extra
+                message = f"warning: could not rebuild the training env: {one_line(e)}"
+                print(message, file=sys.stderr)
+            else:
+                return str(record.get("id")), env
+    info = read_run_info(target) if Path(target).exists() else {}
+    env_id = env_id or info.get("env") or DEFAULT_ENV
+    args = dict(info.get("env_args", {})) if env_id == info.get("env") else {}
+    args.update(env_args)
+    return env_id, make_env(env_id, args)
+
+
 def run_eval(args: argparse.Namespace) -> int:
     """``textgym eval``: evaluate each target on the same episodes and print a table."""
     for target in args.targets:
@@ -251,11 +279,7 @@ def run_eval(args: argparse.Namespace) -> int:
     agents = import_agents()
     rows = []
     for target in args.targets:
-        info = read_run_info(target) if Path(target).exists() else {}
-        env_id = args.env or info.get("env") or DEFAULT_ENV
-        env_args = dict(info.get("env_args", {})) if env_id == info.get("env") else {}
-        env_args.update(parse_env_args(args.env_arg))
-        env = make_env(env_id, env_args)
+        env_id, env = eval_env(target, args.env, parse_env_args(args.env_arg))
         policy, label = load_policy(target, env, args.decoding)
         if not args.json:
             print(f"Evaluating {label} on {args.episodes} episodes of {env_id}...", flush=True)

@@ -20,6 +20,7 @@ __all__ = [
     "holds_run",
     "is_run_dir",
     "read_run_info",
+    "read_trained_env",
     "resolve_policy",
     "resume_point",
 ]
@@ -42,6 +43,27 @@ def read_run_info(path: str | os.PathLike[str]) -> dict[str, Any]:
                 return {}
             return info if isinstance(info, dict) else {}
     return {}
+
+
+def read_trained_env(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The env record (``textgym.env_records``) of the policy or run at ``path``, if any.
+
+    Read from the saved policy's ``policy.json`` (a policy, ``final/`` or a checkpoint
+    directory), else from the run's ``config.json``.
+    """
+    path = Path(path)
+    candidates = [path / "policy.json", path / "final" / "policy.json", path / "config.json"]
+    candidates += [path.parent / "config.json", path.parent.parent / "config.json"]
+    for file in candidates:
+        if not file.is_file():
+            continue
+        try:
+            record = json.loads(file.read_text()).get("env")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(record, dict):
+            return record
+    return None
 
 
 def is_run_dir(path: Path) -> bool:

@@ -33,6 +33,7 @@ from peft import set_peft_model_state_dict
 from peft.utils import load_peft_weights
 from tqdm.auto import tqdm
 
+from textgym.env_records import env_record
 from textgym_agents.atomic import atomic_write_json, load_tensors
 from textgym_agents.checkpoint import (
     MANIFEST,
@@ -135,6 +136,8 @@ class TrainingRun:
         callback: Callable[[dict[str, float]], Any] | None,
     ) -> dict[str, float]:
         trainer, config, process = self.trainer, self.trainer.config, self.process
+        if trainer.envs is not None:  # recorded in config.json and every saved policy
+            trainer.policy.trained_env = env_record(trainer.envs)
         if resume_from is not None:
             self.resume(resume_from)
             process.barrier()  # all have read the checkpoint before the main process prunes
@@ -148,7 +151,11 @@ class TrainingRun:
                 tqdm.write(f"Writing the run to {self.output_dir}")
             atomic_write_json(
                 self.output_dir / "config.json",
-                {"ppo": config.to_dict(), "base": trainer.policy.base_info},
+                {
+                    "ppo": config.to_dict(),
+                    "base": trainer.policy.base_info,
+                    "env": trainer.policy.trained_env,
+                },
             )
             metrics_logger = MetricsLogger(self.output_dir, report_to=config.report_to)
             if resume_from is not None:
