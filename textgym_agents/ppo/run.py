@@ -22,40 +22,25 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
-from peft import set_peft_model_state_dict
-from peft.utils import load_peft_weights
 from tqdm.auto import tqdm
 
 from textgym.env_records import env_record
-from textgym_agents.atomic import atomic_write_json, load_tensors
-from textgym_agents.checkpoint import (
-    MANIFEST,
-    checkpoint_damage,
-    discard_checkpoints_after,
-    latest_checkpoint,
-    list_checkpoints,
-    load_checkpoint,
-    optimizer_state_from_files,
-    optimizer_state_to_files,
-    rng_state,
-    save_checkpoint,
-    set_rng_state,
-)
+from textgym_agents.atomic import atomic_write_json
+from textgym_agents.checkpoint import discard_checkpoints_after, rng_state
 from textgym_agents.distributed.signals import StopSignals
-from textgym_agents.exceptions import (
-    CheckpointError,
-    CheckpointWriteError,
-    NonFiniteUpdateError,
-    SIGTERMExit,
+from textgym_agents.exceptions import CheckpointWriteError, NonFiniteUpdateError, SIGTERMExit
+from textgym_agents.ppo.run_files import (
+    find_checkpoint,
+    restore_checkpoint,
+    write_checkpoint,
+    write_or_stop,
 )
-from textgym_agents.ppo.tracked import restore_rollout, rollout_state
+from textgym_agents.ppo.tracked import rollout_state
 from textgym_agents.run_lock import RunLock
 from textgym_agents.tracking.metrics_log import MetricsLogger
 from textgym_agents.tracking.plotting import plot_learning_curves
@@ -66,26 +51,6 @@ if TYPE_CHECKING:  # the trainer imports this driver (PPOTrainer.train), never t
 __all__ = ["TrainingRun", "find_checkpoint"]
 
 logger = logging.getLogger(__name__)
-
-
-def find_checkpoint(path: str | Path) -> Path:
-    """Return the checkpoint to resume from: a run directory's newest intact one, or ``path``.
-
-    Raises:
-        FileNotFoundError: ``path`` is neither a checkpoint nor a run with checkpoints.
-        CheckpointError: ``path`` is a damaged checkpoint, or a run none of whose checkpoints
-            is intact (damaged newer ones are skipped with a warning).
-    """
-    path = Path(path)
-    if (path / "trainer_state.json").is_file() or (path / MANIFEST).is_file():
-        problem = checkpoint_damage(path)
-        if problem is not None:
-            raise CheckpointError(f"Checkpoint {path} is damaged: {problem}")
-        return path
-    found = latest_checkpoint(path)
-    if found is None:
-        raise FileNotFoundError(f"No checkpoint found in {path}")
-    return found
 
 
 class TrainingRun:
@@ -191,7 +156,7 @@ class TrainingRun:
             self.checkpoint()
             if process.is_main:
                 final = self.output_dir / "final"
-                _writing(self.output_dir, final, lambda: trainer.policy.save(final))
+                write_or_stop(self.output_dir, final, lambda: trainer.policy.save(final))
                 plot_learning_curves([self.output_dir], self.output_dir / "learning_curve.png")
         process.barrier()  # learn() returns everywhere once the run directory is complete
         return metrics
@@ -337,37 +302,7 @@ class TrainingRun:
         ranks = self.process.gather_state(rng_tensors, own)
         if not self.process.is_main:
             return self.output_dir / "checkpoints" / f"step_{trainer.update_step:08d}"
-        optimizer_tensors, optimizer_meta = optimizer_state_to_files(trainer.optimizer.state_dict())
-        state = {
-            "update_step": trainer.update_step,
-            "episodes": trainer.episodes,
-            "turns": trainer.turns,
-            "kl_coef": float(trainer.kl_ctl.value),
-            "numpy_rng": boundary["numpy_rng"],
-            "nonfinite_streak": trainer.nonfinite_streak,
-            "nonfinite_total": trainer.nonfinite_total,
-        }
-        json_files = {"trainer_state": state, "optimizer": optimizer_meta, "rng": rng_meta}
-        tensors = {"optimizer": optimizer_tensors, "rng": rng_tensors}
-        if boundary["envs"] is not None:
-            json_files["envs"] = boundary["envs"]
-        if self.process.enabled:
-            state["world_size"] = self.process.world_size
-        for rank, (rank_tensors, rank_meta) in enumerate(ranks[1:], start=1):
-            tensors[f"rng_rank{rank}"] = rank_tensors
-            json_files[f"rank{rank}"] = rank_meta
-        return _writing(
-            self.output_dir,
-            self.output_dir / "checkpoints" / f"step_{trainer.update_step:08d}",
-            lambda: save_checkpoint(
-                self.output_dir,  # type: ignore[arg-type]
-                trainer.update_step,
-                tensors=tensors,
-                json_files=json_files,
-                keep=trainer.config.keep_checkpoints,
-                extra=trainer.policy.save_files,
-            ),
-        )
+        return write_checkpoint(trainer, self.process, self.output_dir, boundary, ranks)
 
     def resume(self, path: str | Path) -> None:
         """Restore policy weights, optimizer, RNG and counters from a checkpoint.
@@ -375,66 +310,7 @@ class TrainingRun:
         Every process reads it: the shared weights, optimizer and counters, and its own RNG and
         env state (process R > 0 from ``rng_rankR`` / ``rankR``).
         """
-        trainer, policy = self.trainer, self.trainer.policy
-        checkpoint = find_checkpoint(path)
-        tensors, files = load_checkpoint(checkpoint)
-        adapter = load_peft_weights(str(checkpoint / "adapter"), device=str(policy.device))
-        set_peft_model_state_dict(policy.model, adapter)
-        policy.value_head.load_state_dict(load_tensors(checkpoint / "value_head.safetensors"))
-        trainer.optimizer.load_state_dict(
-            optimizer_state_from_files(tensors["optimizer"], files["optimizer"])
-        )
-        state = files["trainer_state"]
-        trainer.update_step = int(state["update_step"])
-        trainer.episodes = int(state["episodes"])
-        trainer.turns = int(state["turns"])
-        trainer.kl_ctl.value = float(state["kl_coef"])
-        trainer.nonfinite_streak = int(state.get("nonfinite_streak", 0))
-        trainer.nonfinite_total = int(state.get("nonfinite_total", 0))
-        rank = self.process.rank
-        own = {"rng": files["rng"], "numpy_rng": state["numpy_rng"], "envs": files.get("envs")}
-        if rank:
-            own = files.get(f"rank{rank}")  # type: ignore[assignment]
-        # Seeded by step, so fresh episodes and draws still do not depend on when we resumed.
-        draws_seed = self.process.seed(trainer.config.seed) + 1000 * trainer.update_step
-        if own is None:
-            logger.warning(
-                "%s holds no state of process %d (it was written by %d); this process starts "
-                "fresh episodes with fresh random draws",
-                checkpoint,
-                rank,
-                state.get("world_size", 1),
-            )
-            torch.manual_seed(draws_seed)
-            trainer.rng = np.random.default_rng(draws_seed)
-        else:
-            set_rng_state(tensors[f"rng_rank{rank}" if rank else "rng"], own["rng"])
-            trainer.rng.bit_generator.state = own["numpy_rng"]
-        if trainer.collector is not None:
-            seed = trainer.collector.seed + 1000 * trainer.update_step
-            saved = own["envs"] if own is not None else None
-            restore_rollout(trainer.envs, trainer.collector, saved, fresh_seed=seed)
-        logger.info("Resumed from %s at update %d", checkpoint, trainer.update_step)
-
-
-def _writing(run_dir: Path, path: Path, write: Callable[[], Any]) -> Any:
-    """``write()`` of ``path``; an ``OSError`` (a full disk) becomes one CheckpointWriteError.
-
-    The atomic writers have already discarded the partial ``path``; the message says so and
-    names the newest checkpoint left, and is logged once.
-    """
-    try:
-        return write()
-    except OSError as e:
-        reason = os.strerror(e.errno) if e.errno else str(e)
-        kept = [p.name for p in list_checkpoints(run_dir)]
-        left = f"the latest checkpoint {kept[-1]} is intact" if kept else "no checkpoint exists"
-        message = (
-            f"Could not write {path}: {reason}. The partial write was discarded and {left}; "
-            f"free space (or fix the directory) and resume from {run_dir}"
-        )
-        logger.error(message)
-        raise CheckpointWriteError(e.errno, message) from e
+        restore_checkpoint(self.trainer, self.process, path)
 
 
 def _postfix(metrics: dict[str, float]) -> dict[str, str]:

@@ -1,0 +1,183 @@
+"""A training run's checkpoints: finding the one to resume, writing one, restoring from one.
+
+What :class:`~textgym_agents.ppo.run.TrainingRun` saves and loads, apart from its loop: the
+files of a checkpoint (policy, optimizer, every process's RNG and env record, counters), the
+choice of the newest intact checkpoint, and a write failure turned into one clear error.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from peft import set_peft_model_state_dict
+from peft.utils import load_peft_weights
+
+from textgym_agents.atomic import load_tensors
+from textgym_agents.checkpoint import (
+    MANIFEST,
+    checkpoint_damage,
+    latest_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    optimizer_state_from_files,
+    optimizer_state_to_files,
+    save_checkpoint,
+    set_rng_state,
+)
+from textgym_agents.exceptions import CheckpointError, CheckpointWriteError
+from textgym_agents.ppo.tracked import restore_rollout
+
+if TYPE_CHECKING:
+    from textgym_agents.distributed.collectives import Distributed
+    from textgym_agents.ppo.trainer import PPOTrainer
+
+__all__ = ["find_checkpoint", "restore_checkpoint", "write_checkpoint", "write_or_stop"]
+
+logger = logging.getLogger(__name__)
+
+
+def find_checkpoint(path: str | Path) -> Path:
+    """Return the checkpoint to resume from: a run directory's newest intact one, or ``path``.
+
+    Raises:
+        FileNotFoundError: ``path`` is neither a checkpoint nor a run with checkpoints.
+        CheckpointError: ``path`` is a damaged checkpoint, or a run none of whose checkpoints
+            is intact (damaged newer ones are skipped with a warning).
+    """
+    path = Path(path)
+    if (path / "trainer_state.json").is_file() or (path / MANIFEST).is_file():
+        problem = checkpoint_damage(path)
+        if problem is not None:
+            raise CheckpointError(f"Checkpoint {path} is damaged: {problem}")
+        return path
+    found = latest_checkpoint(path)
+    if found is None:
+        raise FileNotFoundError(f"No checkpoint found in {path}")
+    return found
+
+
+def write_checkpoint(
+    trainer: PPOTrainer,
+    process: Distributed,
+    output_dir: Path,
+    boundary: dict[str, Any],
+    ranks: list[Any],
+) -> Path:
+    """Write the main process's checkpoint of ``trainer`` at its update step.
+
+    Args:
+        trainer: The trainer (weights, optimizer, counters).
+        process: The processes of the run.
+        output_dir: The run directory.
+        boundary: The RNG and env state the next update starts from.
+        ranks: Every process's RNG tensors and state (``process.gather_state``).
+
+    Raises:
+        CheckpointWriteError: The checkpoint could not be written (see :func:`write_or_stop`).
+    """
+    rng_tensors, rng_meta = boundary["rng"]
+    optimizer_tensors, optimizer_meta = optimizer_state_to_files(trainer.optimizer.state_dict())
+    state = {
+        "update_step": trainer.update_step,
+        "episodes": trainer.episodes,
+        "turns": trainer.turns,
+        "kl_coef": float(trainer.kl_ctl.value),
+        "numpy_rng": boundary["numpy_rng"],
+        "nonfinite_streak": trainer.nonfinite_streak,
+        "nonfinite_total": trainer.nonfinite_total,
+    }
+    json_files = {"trainer_state": state, "optimizer": optimizer_meta, "rng": rng_meta}
+    tensors = {"optimizer": optimizer_tensors, "rng": rng_tensors}
+    if boundary["envs"] is not None:
+        json_files["envs"] = boundary["envs"]
+    if process.enabled:
+        state["world_size"] = process.world_size
+    for rank, (rank_tensors, rank_meta) in enumerate(ranks[1:], start=1):
+        tensors[f"rng_rank{rank}"] = rank_tensors
+        json_files[f"rank{rank}"] = rank_meta
+    return write_or_stop(
+        output_dir,
+        output_dir / "checkpoints" / f"step_{trainer.update_step:08d}",
+        lambda: save_checkpoint(
+            output_dir,
+            trainer.update_step,
+            tensors=tensors,
+            json_files=json_files,
+            keep=trainer.config.keep_checkpoints,
+            extra=trainer.policy.save_files,
+        ),
+    )
+
+
+def restore_checkpoint(trainer: PPOTrainer, process: Distributed, path: str | Path) -> None:
+    """Restore policy weights, optimizer, RNG and counters from a checkpoint.
+
+    Every process reads it: the shared weights, optimizer and counters, and its own RNG and
+    env state (process R > 0 from ``rng_rankR`` / ``rankR``).
+    """
+    policy = trainer.policy
+    checkpoint = find_checkpoint(path)
+    tensors, files = load_checkpoint(checkpoint)
+    adapter = load_peft_weights(str(checkpoint / "adapter"), device=str(policy.device))
+    set_peft_model_state_dict(policy.model, adapter)
+    policy.value_head.load_state_dict(load_tensors(checkpoint / "value_head.safetensors"))
+    trainer.optimizer.load_state_dict(
+        optimizer_state_from_files(tensors["optimizer"], files["optimizer"])
+    )
+    state = files["trainer_state"]
+    trainer.update_step = int(state["update_step"])
+    trainer.episodes = int(state["episodes"])
+    trainer.turns = int(state["turns"])
+    trainer.kl_ctl.value = float(state["kl_coef"])
+    trainer.nonfinite_streak = int(state.get("nonfinite_streak", 0))
+    trainer.nonfinite_total = int(state.get("nonfinite_total", 0))
+    rank = process.rank
+    own = {"rng": files["rng"], "numpy_rng": state["numpy_rng"], "envs": files.get("envs")}
+    if rank:
+        own = files.get(f"rank{rank}")  # type: ignore[assignment]
+    # Seeded by step, so fresh episodes and draws still do not depend on when we resumed.
+    draws_seed = process.seed(trainer.config.seed) + 1000 * trainer.update_step
+    if own is None:
+        logger.warning(
+            "%s holds no state of process %d (it was written by %d); this process starts "
+            "fresh episodes with fresh random draws",
+            checkpoint,
+            rank,
+            state.get("world_size", 1),
+        )
+        torch.manual_seed(draws_seed)
+        trainer.rng = np.random.default_rng(draws_seed)
+    else:
+        set_rng_state(tensors[f"rng_rank{rank}" if rank else "rng"], own["rng"])
+        trainer.rng.bit_generator.state = own["numpy_rng"]
+    if trainer.collector is not None:
+        seed = trainer.collector.seed + 1000 * trainer.update_step
+        saved = own["envs"] if own is not None else None
+        restore_rollout(trainer.envs, trainer.collector, saved, fresh_seed=seed)
+    logger.info("Resumed from %s at update %d", checkpoint, trainer.update_step)
+
+
+def write_or_stop(run_dir: Path, path: Path, write: Callable[[], Any]) -> Any:
+    """``write()`` of ``path``; an ``OSError`` (a full disk) becomes one CheckpointWriteError.
+
+    The atomic writers have already discarded the partial ``path``; the message says so and
+    names the newest checkpoint left, and is logged once.
+    """
+    try:
+        return write()
+    except OSError as e:
+        reason = os.strerror(e.errno) if e.errno else str(e)
+        kept = [p.name for p in list_checkpoints(run_dir)]
+        left = f"the latest checkpoint {kept[-1]} is intact" if kept else "no checkpoint exists"
+        message = (
+            f"Could not write {path}: {reason}. The partial write was discarded and {left}; "
+            f"free space (or fix the directory) and resume from {run_dir}"
+        )
+        logger.error(message)
+        raise CheckpointWriteError(e.errno, message) from e
