@@ -56,28 +56,43 @@ ENVS: dict[str, dict[str, Any]] = {
     },
     "cliffwalking": {"id": "textgym/CliffWalking-v1", "kwargs": {}, "optimal": -13.0},
     "calculator": {"id": "textgym/Calculator-v0", "kwargs": {}, "optimal": None},
+    # BabyAI-Text (GLAM's benchmark): success is reaching the red ball within 64 steps.
+    "babyai-gotoredball": {"id": "textgym/BabyAI-GoToRedBall-v0", "kwargs": {}, "optimal": None},
 }
 
 
-def score(policy: Any, env_name: str, episodes: int) -> tuple[float, float]:
-    """(greedy return, its standard error): exact on Blackjack, else over held-out episodes."""
+def score(policy: Any, env_name: str, episodes: int) -> dict[str, float]:
+    """Greedy return and its standard error: exact on Blackjack, else over held-out episodes.
+
+    Envs that report ``is_success`` also give ``success`` (the rate) and ``success_se``.
+    """
     spec = ENVS[env_name]
     env = gym.make(spec["id"], **spec["kwargs"])
     try:
         if env_name == "blackjack" and policy is not None:
             table = greedy_table(policy, env)
             LAST_TABLE[:] = [table[state][0].upper() for state in blackjack_exact.states()]
-            return blackjack_exact.expected_return(lambda *state: table[state]), 0.0
+            return {
+                "return": blackjack_exact.expected_return(lambda *state: table[state]),
+                "se": 0.0,
+            }
         result = evaluate(policy, env, episodes, seed=EVAL_SEED)
-        return float(result["mean_return"]), float(result["std_return"]) / math.sqrt(episodes)
+        found = {
+            "return": float(result["mean_return"]),
+            "se": float(result["std_return"]) / math.sqrt(episodes),
+        }
+        if result.get("success_rate") is not None:
+            rate = float(result["success_rate"])
+            found.update(success=rate, success_se=math.sqrt(rate * (1 - rate) / episodes))
+        return found
     finally:
         env.close()
 
 
-def random_reference(env_name: str, episodes: int) -> tuple[float, float] | None:
+def random_reference(env_name: str, episodes: int) -> dict[str, float] | None:
     """A uniformly random valid reply each turn (exact on Blackjack); None without choices."""
     if env_name == "blackjack":
-        return blackjack_exact.expected_return(lambda *state: 0.5), 0.0
+        return {"return": blackjack_exact.expected_return(lambda *state: 0.5), "se": 0.0}
     spec = ENVS[env_name]
     env = gym.make(spec["id"], **spec["kwargs"])
     choices = reply_choices(env)
@@ -111,8 +126,7 @@ def run_cell(args: argparse.Namespace, env_name: str, estimator: str, seed: int)
     cell.mkdir(parents=True, exist_ok=True)
     start_file = cell / "start.json"
     if not start_file.exists():
-        before = score(policy, env_name, args.eval_episodes)
-        start_file.write_text(json.dumps({"return": before[0], "se": before[1]}))
+        start_file.write_text(json.dumps(score(policy, env_name, args.eval_episodes)))
     before_data = json.loads(start_file.read_text())
     trainer = PPOTrainer(policy, envs, output_dir=cell / "run")
     points = curve_file.read_text().splitlines() if curve_file.exists() else []
@@ -125,14 +139,18 @@ def run_cell(args: argparse.Namespace, env_name: str, estimator: str, seed: int)
             return
         next_eval[0] = done
         eval_start = time.perf_counter()
-        value, se = score(policy, env_name, args.eval_episodes)
+        found = score(policy, env_name, args.eval_episodes)
         eval_seconds[0] += time.perf_counter() - eval_start
         with curve_file.open("a") as out:
-            row = {"episodes": done, "return": value, "se": se}
+            row = {"episodes": done, **found}
             if env_name == "blackjack":  # which of the 280 states it hits in, in states() order
                 row["hits"] = "".join(LAST_TABLE)
             out.write(json.dumps(row) + "\n")
-        print(f"  {env_name} {estimator} seed {seed}: {done} episodes, greedy {value:.4f}")
+        success = f", success {found['success']:.1%}" if "success" in found else ""
+        print(
+            f"  {env_name} {estimator} seed {seed}: {done} episodes, "
+            f"greedy {found['return']:.4f}{success}"
+        )
 
     resume = latest_checkpoint(cell / "run") if (cell / "run").exists() else None
     episodes_before = episodes_done(resume) if resume is not None else 0
@@ -149,12 +167,17 @@ def run_cell(args: argparse.Namespace, env_name: str, estimator: str, seed: int)
         "episodes": int(metrics["env/episodes"]),
         "before": before_data["return"],
         "before_se": before_data["se"],
-        "after": after[0],
-        "after_se": after[1],
+        "after": after["return"],
+        "after_se": after["se"],
         "train_seconds_last_session": seconds,
         "hands_per_s": (int(metrics["env/episodes"]) - episodes_before) / max(seconds, 1e-9),
         "settings": config.to_dict(),
     }
+    for key in ("success", "success_se"):
+        if key in before_data:
+            result[f"before_{key}"] = before_data[key]
+        if key in after:
+            result[f"after_{key}"] = after[key]
     result_file.write_text(json.dumps(result, indent=2))
     return result
 
@@ -232,7 +255,7 @@ def _main() -> None:
             for seed in seeds
         ]
         random_ref = random_reference(env_name, args.eval_episodes)
-        reference = {"random": random_ref[0] if random_ref else None}
+        reference = {"random": random_ref["return"] if random_ref else None}
         reference["optimal"] = ENVS[env_name]["optimal"]
         print(f"\n{env_name}: random {_fmt(random_ref)}, optimal {reference['optimal']}")
         print("| estimator | seeds | greedy before | greedy after (mean ± spread) | hands/s |")
@@ -249,13 +272,23 @@ def _main() -> None:
                 f"| {estimator} | {len(rows)} | {before:.4f} | {after.mean():.4f} ± "
                 f"{spread:.4f} ({', '.join(f'{a:.4f}' for a in after)}) | {speed:.2f} |"
             )
+            for r in rows:
+                if "after_success" in r:
+                    print(
+                        f"|   seed {r['seed']} success | | {r['before_success']:.1%} ± "
+                        f"{r['before_success_se']:.1%} | {r['after_success']:.1%} ± "
+                        f"{r['after_success_se']:.1%} | |"
+                    )
         path = plot(out, env_name, reference)
         if path is not None:
             print(f"Curves: {path}")
 
 
-def _fmt(value: tuple[float, float] | None) -> str:
-    return "n/a" if value is None else f"{value[0]:.4f} (se {value[1]:.4f})"
+def _fmt(value: dict[str, float] | None) -> str:
+    if value is None:
+        return "n/a"
+    success = f", success {value['success']:.1%}" if "success" in value else ""
+    return f"{value['return']:.4f} (se {value['se']:.4f}){success}"
 
 
 if __name__ == "__main__":

@@ -44,6 +44,8 @@ def test_every_cell_trains_is_scored_and_plotted_and_is_read_back(tiny_dir, tmp_
     assert blackjack["se"] == 0.0  # exact
     frozen = json.loads((out / "frozenlake" / "gae-seed0" / "result.json").read_text())
     assert frozen["after_se"] >= 0.0
+    assert 0.0 <= frozen["after_success"] <= 1.0 and frozen["before_success_se"] >= 0.0
+    assert "|   seed 0 success | |" in stdout  # envs that report is_success get a success row
     # Run again: finished cells are read back, not retrained (the same table comes out).
     again = run_suite(tiny_dir, out)
     table = [line for line in stdout.splitlines() if line.startswith("| ")]
