@@ -20,9 +20,15 @@ __all__ = [
     "FunctionFormatter",
     "GenericFormatter",
     "TemplateFormatter",
+    "MAX_ARRAY_ITEMS",
     "as_formatter",
     "render_value",
+    "summarise_array",
 ]
+
+MAX_ARRAY_ITEMS = 100  # arrays with more values than this are summarised, not listed
+_CROP_ITEMS = 48  # values shown in the corner of a summarised array
+_LISTED_NONZERO = 32  # a sparse 1-D array (a mask) lists up to this many nonzero indices
 
 
 class Formatter:
@@ -51,11 +57,13 @@ class Formatter:
     __hash__ = None  # type: ignore[assignment]
 
 
-def render_value(value: Any, precision: int = 3) -> str:
+def render_value(value: Any, precision: int = 3, max_items: int = MAX_ARRAY_ITEMS) -> str:
     """Render a value from any Gymnasium space on one line, without numpy reprs.
 
     Floats are rounded to ``precision`` decimals (``-0.0`` shows as ``0.0``); arrays and
-    tuples become bracketed lists; dicts become ``key: value`` pairs.
+    tuples become bracketed lists; dicts become ``key: value`` pairs. An array of more than
+    ``max_items`` values (an image) is summarised by :func:`summarise_array`, so the text
+    stays short whatever the array's size.
 
     Example:
         >>> import numpy as np
@@ -65,9 +73,13 @@ def render_value(value: Any, precision: int = 3) -> str:
         '(14, 10, false)'
         >>> render_value({"pos": np.array([1, 2]), "done": np.int8(1)})
         '{pos: [1, 2], done: 1}'
+        >>> render_value(np.arange(12).reshape(3, 4), max_items=8)
+        'int64 array of shape (3, 4), min 0, max 11; corner [:2, :2]: [[0, 1], [4, 5]]'
     """
     if isinstance(value, np.ndarray):
-        return render_value(value.tolist(), precision)
+        if value.size > max_items:
+            return summarise_array(value, precision, min(_CROP_ITEMS, max_items))
+        return render_value(value.tolist(), precision, max_items)
     if isinstance(value, np.generic):
         return render_value(value.item(), precision)
     if isinstance(value, bool):
@@ -78,19 +90,70 @@ def render_value(value: Any, precision: int = 3) -> str:
         rounded = round(value, precision)
         return repr(rounded + 0.0)  # + 0.0 turns -0.0 into 0.0
     if isinstance(value, Mapping):
-        return "{" + ", ".join(f"{k}: {render_value(v, precision)}" for k, v in value.items()) + "}"
+        items = (f"{k}: {render_value(v, precision, max_items)}" for k, v in value.items())
+        return "{" + ", ".join(items) + "}"
     if isinstance(value, tuple):
-        return "(" + ", ".join(render_value(v, precision) for v in value) + ")"
+        return "(" + ", ".join(render_value(v, precision, max_items) for v in value) + ")"
     if isinstance(value, list):
-        return "[" + ", ".join(render_value(v, precision) for v in value) + "]"
+        return "[" + ", ".join(render_value(v, precision, max_items) for v in value) + "]"
     return str(value)
+
+
+def summarise_array(array: np.ndarray, precision: int = 3, corner_items: int = _CROP_ITEMS) -> str:
+    """Describe a large array in a bounded line: dtype, shape, range and a corner of it.
+
+    The corner keeps the leading entries of every axis, the same number on each (all of a
+    short axis), as many as fit in ``corner_items`` values (48). A 1-D array with at most 32
+    nonzero values (an action mask) lists their indices instead. Values print as
+    :func:`render_value` prints them, so the line stays under 2,000 characters.
+
+    Example:
+        >>> import numpy as np
+        >>> image = np.zeros((56, 56, 3), dtype=np.uint8)
+        >>> image[0, 1] = [255, 128, 0]
+        >>> summarise_array(image)  # doctest: +NORMALIZE_WHITESPACE
+        'uint8 array of shape (56, 56, 3), min 0, max 255; corner [:4, :4, :]: [[[0, 0, 0],
+        [255, 128, 0], [0, 0, 0], [0, 0, 0]], [[0, 0, 0], [0, 0, 0], [0, 0, 0], [0, 0, 0]],
+        [[0, 0, 0], [0, 0, 0], [0, 0, 0], [0, 0, 0]], [[0, 0, 0], [0, 0, 0], [0, 0, 0],
+        [0, 0, 0]]]'
+        >>> mask = np.zeros(20481, dtype=np.int8)
+        >>> mask[[7, 300]] = 1
+        >>> summarise_array(mask)
+        'int8 array of shape (20481,), min 0, max 1; 2 nonzero, at [7, 300]'
+    """
+    head = f"{array.dtype} array of shape {tuple(array.shape)}"
+    if array.size == 0:
+        return head
+    if not (np.issubdtype(array.dtype, np.number) or np.issubdtype(array.dtype, np.bool_)):
+        return f"{head}; corner {_corner(array, precision, corner_items)}"
+    low, high = render_value(array.min(), precision), render_value(array.max(), precision)
+    head += f", min {low}, max {high}"
+    if array.ndim == 1:
+        nonzero = np.flatnonzero(array)
+        if len(nonzero) <= _LISTED_NONZERO:
+            return f"{head}; {len(nonzero)} nonzero, at {render_value(nonzero.tolist())}"
+    return f"{head}; corner {_corner(array, precision, corner_items)}"
+
+
+def _corner(array: np.ndarray, precision: int, corner_items: int) -> str:
+    """``[:k, :k, :]: [...]``: the leading ``k`` entries of each axis, k as large as fits."""
+    side = 1
+    while math.prod(min(n, side + 1) for n in array.shape) <= corner_items and any(
+        n > side for n in array.shape
+    ):
+        side += 1
+    index = tuple(slice(min(n, side)) for n in array.shape)
+    label = ", ".join(":" if n <= side else f":{side}" for n in array.shape)
+    return f"[{label}]: {render_value(array[index].tolist(), precision)}"
 
 
 class GenericFormatter(Formatter):
     """Renders any observation: Discrete, Box, MultiDiscrete, MultiBinary, Dict, Tuple, Text.
 
     Dict observations become one ``key: value`` line per key; everything else one line.
-    Optional labels name the entries of a 1-D Box/MultiDiscrete or Tuple observation.
+    Optional labels name the entries of a 1-D Box/MultiDiscrete or Tuple observation. An array
+    of more than ``max_items`` values (an image, a one-hot board, an action mask) is
+    summarised in one bounded line (:func:`summarise_array`) instead of listed.
 
     Example:
         >>> import numpy as np
@@ -103,10 +166,17 @@ class GenericFormatter(Formatter):
         Observation:
         - agent: [1, 2]
         - hp: 3
+        >>> print(GenericFormatter(max_items=4)({"board": np.eye(3, dtype=np.int8)}, {}))
+        Observation:
+        - board: int8 array of shape (3, 3), min 0, max 1; corner [:2, :2]: [[1, 0], [0, 1]]
     """
 
     def __init__(
-        self, labels: Sequence[str] | None = None, precision: int = 3, prefix: str = "Observation:"
+        self,
+        labels: Sequence[str] | None = None,
+        precision: int = 3,
+        prefix: str = "Observation:",
+        max_items: int = MAX_ARRAY_ITEMS,
     ) -> None:
         """Create the formatter.
 
@@ -114,10 +184,14 @@ class GenericFormatter(Formatter):
             labels: Names for the entries of a flat vector or tuple observation.
             precision: Decimals kept for floats.
             prefix: First line of the message.
+            max_items: Largest array listed in full; larger ones are summarised.
         """
+        if not (isinstance(max_items, int) and max_items >= 1):
+            raise ValueError(f"Expected max_items to be an int >= 1, got {max_items!r}")
         self.labels = list(labels) if labels is not None else None
         self.precision = precision
         self.prefix = prefix
+        self.max_items = max_items
 
     def format(self, obs: Any, info: Mapping[str, Any]) -> str:
         """Render ``obs``; ``info`` is not shown."""
@@ -132,8 +206,8 @@ class GenericFormatter(Formatter):
                 )
             items = list(zip(self.labels, values, strict=True))
         else:
-            return f"{self.prefix} {render_value(obs, self.precision)}"
-        lines = [f"- {k}: {render_value(v, self.precision)}" for k, v in items]
+            return f"{self.prefix} {render_value(obs, self.precision, self.max_items)}"
+        lines = [f"- {k}: {render_value(v, self.precision, self.max_items)}" for k, v in items]
         return "\n".join([self.prefix, *lines])
 
 

@@ -263,8 +263,10 @@ class TextEnvWrapper(gym.Wrapper[Messages, str, ObsType, ActType], gym.utils.Rec
         if len(text) > self.max_observation_chars:
             raise ValueError(
                 f"The formatted observation has {len(text)} characters, over "
-                f"max_observation_chars={self.max_observation_chars}; raise the limit or shorten "
-                "the formatter"
+                f"max_observation_chars={self.max_observation_chars} for the observation space "
+                f"{str(self.env.observation_space)[:200]}; pass a formatter that renders it "
+                "shorter (formatter=a Formatter, a function (obs, info) -> str or a template) "
+                "or raise the limit"
             )
         return text
 
