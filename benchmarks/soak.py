@@ -7,7 +7,8 @@ on Blackjack (4 envs, 2 steps each, choice decoding, a checkpoint every 50 updat
 for ``--updates`` updates and, every ``--every`` updates, prints the process's RSS, its open
 file descriptors, the Python objects alive after a collection, the size of the run directory
 with and without ``metrics.jsonl`` (which grows by one line per update by design) and the mean
-seconds per update of the interval. At the end it checks the bounds, comparing the last
+seconds per update of the interval, wall-clock and CPU (the process's own CPU time, which
+another job on the same core barely changes). At the end it checks the bounds, comparing the last
 interval with the warm-up row, the first at or after update 200 (by then the checkpoints have
 reached their kept number):
 
@@ -16,7 +17,8 @@ reached their kept number):
 - live Python objects: at most 1% more;
 - the run directory without ``metrics.jsonl``: at most 10% more (pruned checkpoints);
 - ``metrics.jsonl``: at most 4 KB per update;
-- seconds per update: at most 1.5 times the warm-up interval's.
+- CPU seconds per update: at most 1.5 times the warm-up interval's (wall-clock seconds are
+  printed, not bounded: they measure the machine's other load as much as the run).
 
 Exit status 1 when a bound fails. Pin it to one core for steady times
 (``taskset -c 0 env OMP_NUM_THREADS=1 ...``). Results: docs/reliability.md, "A long run".
@@ -38,7 +40,7 @@ BOUNDS = {  # name: (kind, limit) of last row vs the warm-up row
     "fds": ("add", 2),
     "objects": ("ratio", 1.01),
     "run_dir_mb": ("ratio", 1.10),
-    "s_per_update": ("ratio", 1.5),
+    "cpu_s_per_update": ("ratio", 1.5),
 }
 METRICS_BYTES_PER_UPDATE = 4096
 SAVE_EVERY, KEEP = 50, 3
@@ -114,14 +116,15 @@ def main(argv: list[str] | None = None) -> int:
     envs = gym.make_vec("textgym/Blackjack-v1", num_envs=4)
     trainer = PPOTrainer(policy, envs, output_dir=out)
     rows: list[dict[str, float]] = []
-    clock = [time.perf_counter()]
+    clock = [time.perf_counter(), time.process_time()]
     header = ["update", "rss_mb", "fds", "objects", "run_dir_mb", "metrics_kb", "s_per_update"]
-    print(" ".join(f"{h:>12}" for h in header), flush=True)
+    header.append("cpu_s_per_update")
+    print(" ".join(f"{h:>16}" for h in header), flush=True)
 
     def measure(metrics: dict[str, Any]) -> bool | None:
         update = int(metrics["train/update"])
         if update % args.every == 0:
-            now = time.perf_counter()
+            now, cpu = time.perf_counter(), time.process_time()
             gc.collect()
             row = {
                 "update": update,
@@ -131,10 +134,11 @@ def main(argv: list[str] | None = None) -> int:
                 "run_dir_mb": dir_mb(out, skip="metrics.jsonl"),
                 "metrics_kb": (out / "metrics.jsonl").stat().st_size / 1024,
                 "s_per_update": (now - clock[0]) / args.every,
+                "cpu_s_per_update": (cpu - clock[1]) / args.every,
             }
             rows.append(row)
-            print(" ".join(f"{row[h]:>12.4g}" for h in header), flush=True)
-            clock[0] = time.perf_counter()
+            print(" ".join(f"{row[h]:>16.4g}" for h in header), flush=True)
+            clock[:] = [time.perf_counter(), time.process_time()]
         return False if update >= args.updates else None
 
     trainer.train(10**9, callback=measure)
