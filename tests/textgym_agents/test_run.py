@@ -208,6 +208,14 @@ GIGPO = {"advantage_estimator": "gigpo", "group_size": 3}
         ),
         # seed-shared groups: every checkpoint falls between rounds; the seeds go on
         ("textgym/Blackjack-v1", {}, "choices", GIGPO),
+        # annealed learning rates are recomputed from the episodes done, not saved
+        pytest.param(
+            "textgym/Blackjack-v1",
+            {},
+            "choices",
+            {**GIGPO, "anneal_lr": True},
+            marks=pytest.mark.slow,
+        ),  # fmt: skip
         pytest.param(
             "textgym/FrozenLake-v1",
             {},
@@ -216,7 +224,14 @@ GIGPO = {"advantage_estimator": "gigpo", "group_size": 3}
             marks=pytest.mark.slow,
         ),
     ],
-    ids=["blackjack", "blackjack-choices", "cartpole-long-episodes", "gigpo", "gigpo-free"],
+    ids=[
+        "blackjack",
+        "blackjack-choices",
+        "cartpole-long-episodes",
+        "gigpo",
+        "gigpo-annealed",
+        "gigpo-free",
+    ],
 )
 def test_resume_reproduces_the_uninterrupted_run_exactly(
     tmp_path, env_id, env_kwargs, decoding, estimator
@@ -241,17 +256,18 @@ def test_resume_reproduces_the_uninterrupted_run_exactly(
     def weights(t):
         return [p.detach().clone() for g in t.optimizer.param_groups for p in g["params"]]
 
+    total = 60 if estimator.get("anneal_lr") else 10**6  # annealing: a budget it reaches
     straight = trainer(tmp_path / "straight")
     initial = weights(straight)
-    straight.train(10**6, callback=stop_at(n))
-    trainer(tmp_path / "resumed").train(10**6, callback=stop_at(n // 2))
+    straight.train(total, callback=stop_at(n))
+    trainer(tmp_path / "resumed").train(total, callback=stop_at(n // 2))
     replay = json.loads((latest_checkpoint(tmp_path / "resumed") / "envs.json").read_text())
     if estimator:  # the rounds played, from which the next round's seeds follow
         assert replay["collector"]["group"]["rounds"] >= n // 2
     else:
         assert replay["replay"] is not None  # the envs' state was recorded, not dropped
     resumed = trainer(tmp_path / "resumed")
-    resumed.train(10**6, callback=stop_at(n), resume_from=tmp_path / "resumed")
+    resumed.train(total, callback=stop_at(n), resume_from=tmp_path / "resumed")
 
     after = weights(straight)
     assert not all(torch.equal(a, b) for a, b in zip(after, initial, strict=True))
@@ -270,3 +286,29 @@ def test_resume_reproduces_the_uninterrupted_run_exactly(
 
 
 TIMING = ("time", "throughput/")
+
+
+def test_anneal_lr_decays_both_learning_rates_linearly_over_the_run(tmp_path):
+    policy = make_policy(tmp_path, anneal_lr=True, learning_rate=1e-3, value_learning_rate=2e-3)
+    trainer = PPOTrainer(policy, envs(), output_dir=tmp_path / "run")
+    seen = []
+
+    def callback(metrics):
+        seen.append([g["lr"] for g in trainer.optimizer.param_groups])
+        return False if metrics["train/update"] >= 4 else None
+
+    trainer.train(40, callback=callback)
+    lines = read_metrics(tmp_path / "run")
+    done_before = [0] + [line["env/episodes"] for line in lines[:-1]]
+    expected = [1e-3 * (1 - done / 40) for done in done_before]
+    assert [line["train/learning_rate"] for line in lines] == pytest.approx(expected)
+    assert [lora for lora, _ in seen] == pytest.approx(expected)
+    assert [head for _, head in seen] == pytest.approx([2 * e for e in expected])
+    assert expected[0] == 1e-3 and expected[-1] < expected[0]  # it decays
+
+
+def test_without_anneal_lr_the_learning_rate_stays(tmp_path):
+    policy = make_policy(tmp_path, learning_rate=1e-3)
+    trainer = PPOTrainer(policy, envs(), output_dir=None)
+    trainer.train(12)
+    assert trainer.optimizer.param_groups[0]["lr"] == 1e-3

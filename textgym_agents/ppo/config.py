@@ -121,6 +121,11 @@ class PPOConfig:
     # --- PPO update -------------------------------------------------------------------------
     learning_rate: float = _help(2e-4, "AdamW learning rate of the LoRA weights.")
     value_learning_rate: float = _help(1e-3, "AdamW learning rate of the value head.")
+    anneal_lr: bool = _help(
+        False,
+        "Decay both learning rates linearly towards 0 over the run, as cleanrl's anneal_lr: "
+        "each update uses lr * (1 - episodes done / the run's total_episodes).",
+    )
     weight_decay: float = _help(0.0, "AdamW weight decay.")
     num_epochs: int = _help(2, "Passes over each batch.")
     minibatch_size: int = _help(32, "Turns per optimizer step.")

@@ -175,6 +175,8 @@ class TrainingRun:
             before = trainer.episodes
             # What a checkpoint written during this update (a signal, a fault) must hold.
             self._snapshot()
+            if config.anneal_lr:
+                lr = trainer.anneal_learning_rates(total_episodes)
             self._in_update = True
             try:
                 metrics = trainer.step()  # Ctrl-C is held once the weights change
@@ -182,6 +184,8 @@ class TrainingRun:
                 # The update ran to its end: log it, and the checkpoint will hold it.
                 self._finished_update(error.metrics, metrics_logger, interrupts)
                 raise
+            if config.anneal_lr:
+                metrics["train/learning_rate"] = lr
             self._finished_update(metrics, metrics_logger, interrupts)
             bar.update(min(trainer.episodes, total_episodes) - min(before, total_episodes))
             bar.set_postfix(_postfix(metrics), refresh=False)

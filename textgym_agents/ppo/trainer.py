@@ -375,6 +375,18 @@ class PPOTrainer:
 
     # --- the loop ------------------------------------------------------------------------------
 
+    def anneal_learning_rates(self, total_episodes: int) -> float:
+        """Scale the learning rates by ``1 - episodes / total_episodes`` (``anneal_lr``).
+
+        Recomputed from the config each update, so a resumed run anneals as an uninterrupted
+        one does. Returns the LoRA learning rate now in use.
+        """
+        fraction = max(0.0, 1.0 - self.episodes / total_episodes)
+        bases = [self.config.learning_rate, self.config.value_learning_rate]
+        for group, base in zip(self.optimizer.param_groups, bases, strict=False):
+            group["lr"] = base * fraction
+        return float(self.optimizer.param_groups[0]["lr"])
+
     def step(self) -> dict[str, float]:
         """One iteration: collect a rollout and update on it."""
         turns_before = self.turns
