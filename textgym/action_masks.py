@@ -74,8 +74,7 @@ class ActionMasking:
         """Mask the actions of ``space`` (a Discrete space), whose replies ``parser`` reads."""
         if not isinstance(space, gym.spaces.Discrete):
             raise ValueError(
-                "action_mask=True needs a Discrete action space, got "
-                f"{type(space).__name__}"
+                f"action_mask=True needs a Discrete action space, got {type(space).__name__}"
             )
         self.space = space
         self.parser = parser

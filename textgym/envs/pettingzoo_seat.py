@@ -287,9 +287,7 @@ class AECSeatEnv(gym.Env[Any, Any]):
         truncated = bool(self.game.truncations.get(self.agent, False)) and not terminated
         obs, info = self._view(self.agent)
         if terminated or truncated:
-            info["outcome"] = (
-                "win" if self._return > 0 else "loss" if self._return < 0 else "draw"
-            )
+            info["outcome"] = "win" if self._return > 0 else "loss" if self._return < 0 else "draw"
             info["is_success"] = self._return > 0
         return obs, reward, terminated, truncated, info
 

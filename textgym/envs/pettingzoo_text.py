@@ -245,4 +245,3 @@ def make_pettingzoo_text_env(
         seat=seat,
         **{**defaults, **kwargs},
     )
-
