@@ -41,7 +41,8 @@ def check_text_env(
     For sampled env actions (or the given ``actions``), the parser's example reply for the
     action must parse back to an equal action that the env's action space contains; every
     choice of a finite action set must parse to a distinct action; the example reply must be
-    accepted by ``env.step`` as valid.
+    accepted by ``env.step`` as valid. With an action mask, the replies listed after reset must
+    be legal and the stepped action is sampled from the legal ones.
 
     Args:
         env: A text env (a :class:`TextEnvWrapper`, possibly wrapped further).
@@ -105,8 +106,13 @@ def _check_valid_step(env: gym.Env[Any, Any], text_env: TextEnvWrapper, seed: in
     assert messages[0]["role"] == "system" and messages[-1]["role"] == "user", (
         "The prompt must start with the system message and end with a user message"
     )
-    text_env.env.action_space.seed(seed)
-    reply = text_env.parser.example(text_env.env.action_space.sample())
+    space, mask = text_env.env.action_space, text_env.action_masks()
+    space.seed(seed)
+    if mask is not None:  # state-dependent replies: each listed one is legal now
+        for choice in text_env.reply_choices() or []:
+            error = text_env.parse_reply(choice)[1]
+            assert error is None, f"The listed valid reply {choice!r} is invalid: {error}"
+    reply = text_env.parser.example(space.sample() if mask is None else space.sample(mask=mask))
     if reply is not None:
         _, _, _, _, info = env.step(reply)
         assert not info["invalid"], (

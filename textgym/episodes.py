@@ -150,7 +150,8 @@ def run_episodes(
     """Play ``n_episodes`` episodes with ``policy``, one ``act_batch`` call per step for all envs.
 
     Each env's valid replies (``choices``) and reply schema (``schemas``) go to the policy when
-    it wants them (looked up once: they are fixed per env). Episodes are yielded as they end.
+    it wants them (looked up every step: with an action mask they follow the state). Episodes
+    are yielded as they end.
 
     - A single env, or a list of envs played in lockstep: episode ``k`` is reset with
       ``seed + k`` and played by the next free env, so the episodes do not depend on how many
@@ -270,8 +271,6 @@ class _EnvLanes:
         self.open: list[_Open | None] = [None] * len(envs)
         self.messages: list[Messages] = [[] for _ in envs]
         self.started = 0
-        self._choices: Any = False  # looked up when first needed
-        self._schemas: Any = False
         for i in range(len(envs)):
             self._start(i)
 
@@ -289,17 +288,14 @@ class _EnvLanes:
     def active(self) -> list[int]:
         return [i for i, o in enumerate(self.open) if o is not None]
 
+    # Asked every step: with an action mask the valid replies change with the state.
     def choices(self) -> list[list[str] | None] | None:
-        if self._choices is False:
-            found = [reply_choices(env) for env in self.envs]
-            self._choices = found if any(c is not None for c in found) else None
-        return self._choices  # type: ignore[no-any-return]
+        found = [reply_choices(env) for env in self.envs]
+        return found if any(c is not None for c in found) else None
 
     def schemas(self) -> list[JSONSchema | None] | None:
-        if self._schemas is False:
-            found = [reply_schemas(env) for env in self.envs]
-            self._schemas = found if any(s is not None for s in found) else None
-        return self._schemas  # type: ignore[no-any-return]
+        found = [reply_schemas(env) for env in self.envs]
+        return found if any(s is not None for s in found) else None
 
     def step(self, active: list[int], replies: list[str]) -> list[Episode]:
         finished = []
@@ -351,8 +347,6 @@ class _VectorLanes:
         self.messages: list[Messages] = list(observations)
         self.open = [self._new(None if seed is None else seed + i) for i in range(n)]
         self.resetting = np.zeros(n, dtype=bool)  # NEXT_STEP: this env's next step is a reset
-        self._choices: Any = False
-        self._schemas: Any = False
 
     def _new(self, seed: int | None) -> _Open:
         return _Open(-1, seed, steps=[] if self.record else None)
@@ -364,14 +358,10 @@ class _VectorLanes:
         return [i for i in range(self.envs.num_envs) if not self.resetting[i]]
 
     def choices(self) -> list[list[str] | None] | None:
-        if self._choices is False:
-            self._choices = reply_choices(self.envs)
-        return self._choices  # type: ignore[no-any-return]
+        return reply_choices(self.envs)  # every step, as the envs' states change
 
     def schemas(self) -> list[JSONSchema | None] | None:
-        if self._schemas is False:
-            self._schemas = reply_schemas(self.envs)
-        return self._schemas  # type: ignore[no-any-return]
+        return reply_schemas(self.envs)
 
     def step(self, active: list[int], replies: list[str]) -> list[Episode]:
         actions = [""] * self.envs.num_envs  # ignored by the envs that are resetting

@@ -14,6 +14,7 @@ import gymnasium as gym
 
 from textgym.envs.classic import PRESETS, ReportSuccess
 from textgym.envs.minigrid_text import BABYAI_LEVELS
+from textgym.envs.pettingzoo_text import PETTINGZOO_GAMES
 from textgym.wrappers import TextEnvWrapper
 
 __all__ = ["NAMESPACE", "WRAPPER_OPTIONS", "make_text_env", "register", "registered_ids"]
@@ -138,6 +139,13 @@ def _register_builtin() -> None:
             id=f"{NAMESPACE}/{name}",
             entry_point="textgym.envs.minigrid_text:make_babyai_text_env",
             kwargs={"level": name},
+        )
+    for name, (*_, max_steps) in PETTINGZOO_GAMES.items():  # listed without pettingzoo too
+        gym.register(
+            id=f"{NAMESPACE}/{name}",
+            entry_point="textgym.envs.pettingzoo_text:make_pettingzoo_text_env",
+            kwargs={"game": name},
+            max_episode_steps=max_steps,
         )
 
 

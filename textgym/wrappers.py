@@ -16,6 +16,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.core import ActType, ObsType
 
+from textgym.action_masks import ActionMasking
 from textgym.formatters import Formatter, as_formatter
 from textgym.parsers import ActionParseError, ActionParser, as_parser
 from textgym.references import reference_of
@@ -37,6 +38,11 @@ class TextEnvWrapper(gym.Wrapper[Messages, str, ObsType, ActType], gym.utils.Rec
     the reply was invalid. (Absent rather than None, so infos batch in vector envs, where
     ``info["_parse_error"]`` masks the envs that have one.) When an invalid reply leaves the
     env unstepped, the env's keys repeat those of its last observation.
+
+    With ``action_mask=True`` the valid replies depend on the state: the env's
+    ``info["action_mask"]`` (or ``obs["action_mask"]``) names the legal actions,
+    :meth:`reply_choices` and :meth:`reply_schema` list only those, and a reply naming an
+    illegal action is invalid (``info["illegal_action"]`` holds it).
 
     Example:
         >>> import gymnasium as gym
@@ -72,6 +78,7 @@ class TextEnvWrapper(gym.Wrapper[Messages, str, ObsType, ActType], gym.utils.Rec
         action_names: Any = None,
         action_field: str | None = None,
         action_description: str | None = None,
+        action_mask: bool = False,
         env_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         """Wrap an env.
@@ -100,6 +107,11 @@ class TextEnvWrapper(gym.Wrapper[Messages, str, ObsType, ActType], gym.utils.Rec
                 key to names for Dict spaces).
             action_field: JSON field holding the action in the generated schema.
             action_description: Description of the action field shown to the model.
+            action_mask: Read the legal actions of each state from the env's
+                ``info["action_mask"]`` (else ``obs["action_mask"]``; Discrete action spaces):
+                replies naming an illegal action are invalid, and the valid replies listed
+                for choice and constrained decoding are the legal ones. The env must give a
+                mask on reset; a later observation without one allows every action.
             env_kwargs: Keyword arguments for ``gym.make`` when ``env`` is an id.
         """
         # The spec records JSON where it can (a formatter or parser by its importable name),
@@ -119,6 +131,7 @@ class TextEnvWrapper(gym.Wrapper[Messages, str, ObsType, ActType], gym.utils.Rec
             action_names=_json_like(action_names),
             action_field=action_field,
             action_description=action_description,
+            action_mask=action_mask,
         )
         if isinstance(env, str):
             env = gym.make(env, **dict(env_kwargs or {}))
@@ -144,6 +157,9 @@ class TextEnvWrapper(gym.Wrapper[Messages, str, ObsType, ActType], gym.utils.Rec
         self.parser = as_parser(parser, env.action_space, **schema_options)
         self.formatter.bind(env)
         self.parser.bind(env)
+        if not isinstance(action_mask, bool):
+            raise TypeError(f"Expected action_mask to be a bool, got {action_mask!r}")
+        self.masking = ActionMasking(env.action_space, self.parser) if action_mask else None
 
         self.history = history
         self.on_invalid = "penalize" if on_invalid == "penalise" else on_invalid
@@ -174,15 +190,22 @@ class TextEnvWrapper(gym.Wrapper[Messages, str, ObsType, ActType], gym.utils.Rec
         obs, info = self.env.reset(seed=seed, options=options)
         self._turns.clear()
         self._invalid_count = self._consecutive_invalid = 0
+        if self.masking is not None:
+            self.masking.update(obs, info, required=True)
         self._obs_text = self._user_text = self.format_observation(obs, info)
         self._env_info = info
-        return self._messages(), dict(info)
+        return self._messages(), self._with_mask(dict(info))
 
     def step(self, action: str) -> tuple[Messages, SupportsFloat, bool, bool, dict[str, Any]]:
         """Parse the reply, step the env (or handle an invalid reply); return the next prompt."""
         if not isinstance(action, str):
             raise TypeError(f"Expected the reply as str, got {type(action).__name__}")
-        env_action, error = self.parse_reply(action)
+        env_action, error = self._parse_action(action)
+        illegal = None
+        if error is None and self.masking is not None:
+            error = self.masking.error(env_action)
+            if error is not None:
+                illegal, env_action = env_action, None
         if error is not None and self.on_invalid == "raise":
             raise ActionParseError(error, action)
         self._turns.append((self._user_text, action[: self.max_reply_chars]))
@@ -190,6 +213,7 @@ class TextEnvWrapper(gym.Wrapper[Messages, str, ObsType, ActType], gym.utils.Rec
         if error is None:
             self._consecutive_invalid = 0
             obs, reward, terminated, truncated, info = self.env.step(env_action)
+            self._observe_mask(obs, info)
             self._obs_text = self._user_text = self.format_observation(obs, info)
             self._env_info = info
             info = dict(info)
@@ -200,7 +224,10 @@ class TextEnvWrapper(gym.Wrapper[Messages, str, ObsType, ActType], gym.utils.Rec
             parsed = None
             if self.on_invalid == "default_action":
                 env_action = self.default_action
+                if self.masking is not None and not self.masking.legal(env_action):
+                    env_action = next(iter(self.masking.legal_actions()), env_action)
                 obs, reward, terminated, truncated, info = self.env.step(env_action)
+                self._observe_mask(obs, info)
                 reward = float(reward) - self.invalid_penalty
                 self._obs_text = self.format_observation(obs, info)
                 self._env_info = info
@@ -229,13 +256,22 @@ class TextEnvWrapper(gym.Wrapper[Messages, str, ObsType, ActType], gym.utils.Rec
             info["env_action"] = env_action
         if error is not None:
             info["parse_error"] = error
-        return self._messages(), reward, terminated, truncated, info
+        if illegal is not None:
+            info["illegal_action"] = illegal
+        return self._messages(), reward, terminated, truncated, self._with_mask(info)
 
     def parse_reply(self, reply: str) -> tuple[Any, str | None]:
         """Return ``(env_action, None)`` for a valid reply, else ``(None, error message)``.
 
         Never raises for bad reply text: parser failures of any kind become the error message.
+        With ``action_mask=True``, an action that is illegal in the current state is an error.
         """
+        action, error = self._parse_action(reply)
+        if error is None and self.masking is not None:
+            error = self.masking.error(action)
+        return (None, error) if error is not None else (action, None)
+
+    def _parse_action(self, reply: str) -> tuple[Any, str | None]:
         if len(reply) > self.max_reply_chars:
             return (
                 None,
@@ -279,7 +315,8 @@ class TextEnvWrapper(gym.Wrapper[Messages, str, ObsType, ActType], gym.utils.Rec
 
         One reply per action (see :meth:`~textgym.parsers.ActionParser.choices`); a policy
         can score these instead of generating free text, so every reply is valid. Vector
-        envs answer with ``envs.call("reply_choices")``.
+        envs answer with ``envs.call("reply_choices")``. With ``action_mask=True`` the list
+        holds the legal actions of the current state only, so ask again every turn.
 
         Example:
             >>> import gymnasium as gym
@@ -287,6 +324,8 @@ class TextEnvWrapper(gym.Wrapper[Messages, str, ObsType, ActType], gym.utils.Rec
             >>> env.reply_choices()
             ['{"action": "stick"}', '{"action": "hit"}']
         """
+        if self.masking is not None:
+            return self.masking.choices()
         return self.parser.choices()
 
     def reply_schema(self) -> dict[str, Any] | None:
@@ -295,7 +334,8 @@ class TextEnvWrapper(gym.Wrapper[Messages, str, ObsType, ActType], gym.utils.Rec
         A reply that satisfies it parses (see
         :meth:`~textgym.parsers.ActionParser.reply_schema`), so a policy can restrict its
         generation to it (constrained decoding). Vector envs answer with
-        ``envs.call("reply_schema")``.
+        ``envs.call("reply_schema")``. With ``action_mask=True`` and a finite set of JSON
+        replies, the schema allows the legal replies of the current state only.
 
         Example:
             >>> import gymnasium as gym
@@ -303,7 +343,35 @@ class TextEnvWrapper(gym.Wrapper[Messages, str, ObsType, ActType], gym.utils.Rec
             >>> env.reply_schema()["properties"]["action"]["enum"]
             ['stick', 'hit']
         """
+        if self.masking is not None:
+            return self.masking.schema()
         return self.parser.reply_schema()
+
+    def action_masks(self) -> np.ndarray | None:
+        """The legal env actions of the current state (int8, 1 = legal), or None if unmasked.
+
+        Named as sb3-contrib's ``MaskablePPO`` asks for it; ``Discrete.sample(mask=...)``
+        takes it as it is.
+
+        Example:
+            >>> import gymnasium as gym
+            >>> env = TextEnvWrapper(gym.make("Taxi-v4"), action_mask=True)
+            >>> _ = env.reset(seed=0)
+            >>> env.action_masks()
+            array([1, 1, 0, 0, 0, 0], dtype=int8)
+            >>> len(env.reply_choices())
+            2
+        """
+        return None if self.masking is None else self.masking.int8()
+
+    def _observe_mask(self, obs: Any, info: Mapping[str, Any]) -> None:
+        if self.masking is not None:
+            self.masking.update(obs, info)
+
+    def _with_mask(self, info: dict[str, Any]) -> dict[str, Any]:
+        if self.masking is not None:
+            info["action_mask"] = self.masking.int8()
+        return info
 
     def _messages(self) -> Messages:
         messages = [{"role": "system", "content": self.system_prompt}]

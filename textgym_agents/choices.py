@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["ChoiceScores", "choice_token_ids", "score_choices"]
+__all__ = ["ChoiceScores", "check_choice_set", "choice_token_ids", "score_choices"]
 
 # (prompts, each prompt's choices, values) -> (summed log-prob of each choice (N,), its token
 # count (N,), value of each prompt (B,) or None); N counts the choices of all prompts in order.
@@ -49,11 +49,27 @@ def choice_token_ids(
         if not ids:
             raise ValueError(f"The choice {reply!r} is empty after the reply prefix")
         result.append(ids)
-    if not result:
+    return check_choice_set(result, replies)
+
+
+def check_choice_set(ids: list[list[int]], replies: Sequence[str]) -> list[list[int]]:
+    """Return ``ids`` (the token ids of ``replies``) if they make a choice set, else raise.
+
+    A set needs at least one choice, and no two choices with the same tokens.
+
+    Example:
+        >>> check_choice_set([[1, 2], [3, 2]], ["a", "b"])
+        [[1, 2], [3, 2]]
+        >>> check_choice_set([[1, 2], [1, 2]], ["a", "a"])
+        Traceback (most recent call last):
+        ...
+        ValueError: Two choices have the same tokens: ['a', 'a']
+    """
+    if not ids:
         raise ValueError("Choice decoding needs at least one valid reply, got none")
-    if len({tuple(ids) for ids in result}) != len(result):
+    if len({tuple(i) for i in ids}) != len(ids):
         raise ValueError(f"Two choices have the same tokens: {list(replies)}")
-    return result
+    return ids
 
 
 @dataclass

@@ -20,7 +20,7 @@ from torch import nn
 from textgym_agents.adapters import ValueHead, attach_lora, hidden_size_of
 from textgym_agents.attention import use_gqa_attention
 from textgym_agents.checkpoint import default_run_dir
-from textgym_agents.choices import choice_token_ids
+from textgym_agents.choices import check_choice_set, choice_token_ids
 from textgym_agents.constrained import GrammarCompiler, decoding_mode
 from textgym_agents.generation import Generation, generate_text
 from textgym_agents.models import load_model, resolve_precision
@@ -91,7 +91,7 @@ class PPOPolicy(PolicyScoring):
         self.trained_env: dict[str, Any] | None = None
         self.eos_ids = _eos_ids(tokenizer, self.model)
         self._prefix_cache: tuple[str | None, list[int]] = (None, [])
-        self._choice_cache: dict[tuple[str, tuple[str, ...]], list[list[int]]] = {}
+        self._choice_cache: dict[tuple[str, str], list[int]] = {}  # (prefix, reply) -> ids
         self._grammars: GrammarCompiler | None = None  # built on first constrained generation
         self.model.eval()  # no dropout: PPO's old and new log-probs must match
         if self.config.gqa_attention:
@@ -248,12 +248,18 @@ class PPOPolicy(PolicyScoring):
         return self.config.decoding in ("constrained", "auto")
 
     def choice_ids(self, replies: Sequence[str]) -> list[list[int]]:
-        """Token ids the policy scores for each valid reply (cached per set of replies)."""
-        key = (self.config.reply_prefix, tuple(replies))
-        if key not in self._choice_cache:
+        """Token ids the policy scores for each valid reply.
+
+        Cached per reply, not per set: with an action mask each state lists another subset
+        of the same replies, and a cache of sets could grow with the number of subsets.
+        """
+        prefix = self.config.reply_prefix
+        missing = [r for r in dict.fromkeys(replies) if (prefix, r) not in self._choice_cache]
+        if missing:
             eos = self.tokenizer.eos_token_id
-            self._choice_cache[key] = choice_token_ids(self.tokenizer, replies, key[0], eos)
-        return self._choice_cache[key]
+            ids = choice_token_ids(self.tokenizer, missing, prefix, eos)
+            self._choice_cache.update(((prefix, r), i) for r, i in zip(missing, ids, strict=True))
+        return check_choice_set([self._choice_cache[prefix, r] for r in replies], replies)
 
     def _choose(
         self, prompts: list[list[int]], choices: Sequence[Sequence[str]], greedy: bool

@@ -22,7 +22,8 @@ CLASSIC_IDS = [
 def test_registered_ids():
     babyai = [f"textgym/BabyAI-{name}-v0" for name in ("GoToRedBall", "GoToLocal", "OpenDoor")]
     babyai += ["textgym/BabyAI-PickupLocal-v0", "textgym/BabyAI-PutNextLocal-v0"]
-    assert registered_ids() == sorted([*CLASSIC_IDS, "textgym/Calculator-v0", *babyai])
+    games = ["textgym/TicTacToe-v0", "textgym/ConnectFour-v0"]
+    assert registered_ids() == sorted([*CLASSIC_IDS, "textgym/Calculator-v0", *babyai, *games])
 
 
 @pytest.mark.parametrize("env_id", CLASSIC_IDS)

@@ -73,8 +73,6 @@ class RolloutCollector:
         # Once an env reports is_success, an episode that ends without it (cut short by
         # invalid replies, say) counts as a failure rather than being left out.
         self.reports_success = False
-        self._choices: list[list[str] | None] | None | bool = False  # looked up when needed
-        self._schemas: list[dict[str, Any] | None] | None | bool = False
 
     def reset(self, seed: int | list[int] | None = None) -> None:
         """Start fresh episodes in every env (``seed``: one int, or one per env)."""
@@ -172,16 +170,16 @@ class RolloutCollector:
         return infos
 
     def choices(self) -> list[list[str] | None] | None:
-        """Each env's valid replies for choice decoding (asked once; fixed per env)."""
-        if self._choices is False:
-            self._choices = reply_choices(self.envs)
-        return self._choices  # type: ignore[return-value]
+        """Each env's valid replies for choice decoding, in its current state.
+
+        Asked before every generation: with an action mask they change from turn to turn
+        (``TextEnvWrapper(action_mask=True)``); the turn keeps the set it was sampled from.
+        """
+        return reply_choices(self.envs)
 
     def schemas(self) -> list[dict[str, Any] | None] | None:
-        """Each env's reply JSON schema for constrained decoding (asked once; fixed per env)."""
-        if self._schemas is False:
-            self._schemas = reply_schemas(self.envs)
-        return self._schemas  # type: ignore[return-value]
+        """Each env's reply JSON schema for constrained decoding, in its current state."""
+        return reply_schemas(self.envs)
 
     def _track(self, i: int, turn: Turn, infos: dict[str, Any]) -> None:
         self.returns[i] += turn.reward

@@ -1,0 +1,345 @@
+"""One seat of a PettingZoo AEC game as a single-agent Gymnasium env; opponents play the others.
+
+:class:`AECSeatEnv` needs no ``pettingzoo`` import of its own (it drives any object with the
+AEC API); the opponents are random legal, scripted (a callable) or text (a chat policy).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, SupportsFloat
+
+import gymnasium as gym
+import numpy as np
+
+from textgym.action_masks import ActionMasking
+
+__all__ = [
+    "SEAT_MODES",
+    "AECSeatEnv",
+    "Opponent",
+    "RandomOpponent",
+    "ScriptedOpponent",
+    "TextOpponent",
+    "as_opponent",
+]
+
+SEAT_MODES = ("alternate", "random")
+
+
+class Opponent:
+    """Plays the seats that are not the agent's: ``act(observation, info) -> action``.
+
+    ``observation`` and ``info`` are what :class:`AECSeatEnv` would return if that seat were
+    the agent's (``info["action_mask"]`` names the legal moves, ``info["seat"]`` the seat).
+    """
+
+    def reset(self, seed: int | None = None) -> None:
+        """Called on every ``AECSeatEnv.reset`` with a seed drawn from the env's generator."""
+
+    def bind(self, env: gym.Env[Any, Any]) -> None:
+        """Called once with the outermost env built around the seat (a text env, say)."""
+
+    def act(self, observation: Any, info: Mapping[str, Any]) -> Any:
+        """Return the move of the seat ``info["seat"]``."""
+        raise NotImplementedError
+
+
+class RandomOpponent(Opponent):
+    """A uniformly random legal move, seeded by the env's reset.
+
+    Example:
+        >>> opponent = RandomOpponent()
+        >>> opponent.reset(seed=0)
+        >>> int(opponent.act(None, {"action_mask": np.array([0, 1, 0], dtype=np.int8)}))
+        1
+    """
+
+    def __init__(self) -> None:
+        self._rng = np.random.default_rng()
+
+    def reset(self, seed: int | None = None) -> None:
+        """Reseed the move generator."""
+        self._rng = np.random.default_rng(seed)
+
+    def act(self, observation: Any, info: Mapping[str, Any]) -> Any:
+        """A legal move drawn uniformly."""
+        legal = np.flatnonzero(np.asarray(info["action_mask"]))
+        return np.int64(self._rng.choice(legal))
+
+
+class ScriptedOpponent(Opponent):
+    """A callable ``(observation, info) -> action`` plays the other seats.
+
+    Example:
+        >>> first_legal = ScriptedOpponent(lambda obs, info: int(np.argmax(info["action_mask"])))
+        >>> first_legal.act(None, {"action_mask": [0, 0, 1]})
+        2
+    """
+
+    def __init__(self, policy: Callable[[Any, Mapping[str, Any]], Any]) -> None:
+        if not callable(policy):
+            raise TypeError(f"Expected a callable (observation, info) -> action, got {policy!r}")
+        self.policy = policy
+
+    def act(self, observation: Any, info: Mapping[str, Any]) -> Any:
+        """The callable's move."""
+        return self.policy(observation, info)
+
+    def __eq__(self, other: object) -> bool:
+        return type(self) is type(other) and self.policy == other.policy  # type: ignore[attr-defined]
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class TextOpponent(Opponent):
+    """A text policy plays the other seats: it reads the prompt the agent would read there.
+
+    ``policy`` is a callable ``messages -> reply`` or a :class:`textgym.Policy` (given the legal
+    replies when it wants choices or schemas). It sees the system prompt and the current
+    observation of its seat (no history). A reply that is invalid or names an illegal move is
+    replaced by a random legal move and counted in :attr:`invalid_replies`.
+
+    Needs the text env built around the seat (:func:`~textgym.envs.pettingzoo_text.
+    pettingzoo_text_env` binds it).
+    """
+
+    def __init__(self, policy: Any, *, greedy: bool = False) -> None:
+        from textgym.policy import as_policy  # here: textgym.policy imports the episode runner
+
+        self.policy = as_policy(policy)
+        self.greedy = greedy
+        self.invalid_replies = 0
+        self._text_env: Any = None
+        self._fallback = RandomOpponent()
+
+    def reset(self, seed: int | None = None) -> None:
+        """Reseed the fallback move generator."""
+        self._fallback.reset(seed)
+
+    def bind(self, env: gym.Env[Any, Any]) -> None:
+        """Find the text env whose prompts and parser the opponent uses."""
+        from textgym.checker import find_text_wrapper
+
+        self._text_env = find_text_wrapper(env)
+
+    def act(self, observation: Any, info: Mapping[str, Any]) -> Any:
+        """The policy's reply, parsed; a random legal move if it is invalid or illegal."""
+        text_env = self._text_env
+        if text_env is None:
+            raise RuntimeError(
+                "TextOpponent needs the text env around its seat: build it with "
+                "pettingzoo_text_env(...) or call opponent.bind(text_env)"
+            )
+        masking = ActionMasking(text_env.env.action_space, text_env.parser)
+        masking.update(observation, info, required=True)
+        messages = [
+            {"role": "system", "content": text_env.system_prompt},
+            {"role": "user", "content": text_env.format_observation(observation, info)},
+        ]
+        kwargs: dict[str, Any] = {}
+        if self.policy.wants_choices:
+            kwargs["choices"] = [masking.choices()]
+        if self.policy.wants_schemas:
+            kwargs["schemas"] = [masking.schema()]
+        reply = self.policy.act_batch([messages], greedy=self.greedy, **kwargs)[0]
+        try:  # the text env's parse_reply would check the agent's mask, not this seat's
+            action = text_env.parser.parse(reply)
+            if text_env.env.action_space.contains(action) and masking.legal(action):
+                return action
+        except Exception:  # noqa: BLE001, S110 (any failure: an invalid reply)
+            pass
+        self.invalid_replies += 1
+        return self._fallback.act(observation, info)
+
+
+def as_opponent(opponent: Any) -> Opponent:
+    """An :class:`Opponent` from ``"random"``, an Opponent, or a callable (scripted).
+
+    Example:
+        >>> type(as_opponent("random")).__name__, type(as_opponent(lambda o, i: 0)).__name__
+        ('RandomOpponent', 'ScriptedOpponent')
+    """
+    if isinstance(opponent, Opponent):
+        return opponent
+    if opponent == "random":
+        return RandomOpponent()
+    if callable(opponent):
+        return ScriptedOpponent(opponent)
+    raise TypeError(
+        "Expected opponent to be 'random', an Opponent (TextOpponent(policy) for a text "
+        f"policy) or a callable (observation, info) -> action, got {opponent!r}"
+    )
+
+
+class AECSeatEnv(gym.Env[Any, Any]):
+    """A PettingZoo AEC game seen from one seat: the opponent moves between the agent's turns.
+
+    Observations are the seat's ``observation`` (PettingZoo's dict minus the mask); ``info``
+    holds ``action_mask`` (int8, PettingZoo's), ``seat`` (the agent name), ``seat_index`` and,
+    once someone else has moved, ``opponent_action`` (their last move). A step's reward is
+    the sum of PettingZoo's rewards for the seat over its move and the opponents' replies, so
+    an episode's return is the seat's game reward. The last step's info also has ``outcome``
+    (``"win"``, ``"draw"`` or ``"loss"``, from that return) and ``is_success`` (a win).
+
+    Example:
+        >>> import pettingzoo
+        >>> env = AECSeatEnv(pettingzoo.make("aec", "classic/tictactoe_v3"), "random", seat=1)
+        >>> obs, info = env.reset(seed=0)
+        >>> info["seat"], int(info["action_mask"].sum())  # the opponent has moved
+        ('player_2', 8)
+    """
+
+    def __init__(
+        self,
+        game: Any,
+        opponent: Any = "random",
+        *,
+        seat: str | int = "alternate",
+    ) -> None:
+        """Wrap a PettingZoo AEC env.
+
+        Args:
+            game: A PettingZoo AEC env (with ``OrderEnforcingWrapper`` and, for illegal moves
+                to end the game as PettingZoo's classic games do, ``TerminateIllegalWrapper``:
+                ``pettingzoo.make("aec", ...)`` adds both).
+            opponent: Who plays the other seats: ``"random"`` (a random legal move), a callable
+                ``(observation, info) -> action`` (scripted) or an :class:`Opponent`
+                (:class:`TextOpponent` for a text policy).
+            seat: The agent's seat: ``"alternate"`` (a reset with seed ``s`` takes seat
+                ``s mod n``, one without a seed the seat after the last one, so the agent plays
+                first and second and a seeded reset is reproducible), ``"random"`` (drawn from
+                the reset's seed), a seat index or an agent name.
+                ``reset(options={"seat": ...})`` overrides it for one episode.
+        """
+        self.game = game
+        self.agents = list(game.possible_agents)
+        self.opponent = as_opponent(opponent)
+        self._check_seat(seat)
+        self.seat_mode = seat
+        space = game.observation_space(self.agents[0])
+        if isinstance(space, gym.spaces.Dict) and "observation" in space.spaces:
+            space = space["observation"]
+        self.observation_space = space
+        self.action_space = game.action_space(self.agents[0])
+        if not isinstance(self.action_space, gym.spaces.Discrete):
+            raise ValueError(
+                f"Expected a Discrete action space, got {type(self.action_space).__name__}"
+            )
+        self.render_mode = getattr(game, "render_mode", None)
+        self.metadata = {
+            "render_modes": list(game.metadata.get("render_modes", [])),
+            "render_fps": game.metadata.get("render_fps", 1),
+        }
+        self.agent = self.agents[0]
+        self._seat_index = -1  # the first unseeded "alternate" reset takes seat 0
+        self.episodes = 0
+        self._moves: list[tuple[str, int]] = []
+        self._return = 0.0
+        self._game_seed: int | None = None
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Unpickle (and deep-copy): replay the game's moves since its seeded reset.
+
+        PettingZoo's games pickle as their constructor arguments (``EzPickle``), so a copy
+        starts unreset; replaying the moves restores the position (exactly so for games whose
+        randomness comes from their seed, as tic-tac-toe and Connect Four have none).
+        """
+        self.__dict__.update(state)
+        if self.episodes:
+            self.game.reset(seed=self._game_seed)
+            for _, action in self._moves:
+                self.game.step(action)
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, dict[str, Any]]:
+        """Start a game; the opponents move until it is the agent's turn."""
+        super().reset(seed=seed)
+        seat = (options or {}).get("seat", self.seat_mode)
+        self._check_seat(seat)
+        self.game.reset(seed=seed)
+        self._game_seed = seed
+        self.opponent.reset(seed=int(self.np_random.integers(2**31)))
+        if seat == "alternate":  # as a function of the seed, so a seeded reset is reproducible
+            seat = (seed if seed is not None else self._seat_index + 1) % len(self.agents)
+        elif seat == "random":
+            seat = int(self.np_random.integers(len(self.agents)))
+        self.agent = seat if isinstance(seat, str) else self.agents[seat]
+        self._seat_index = self.agents.index(self.agent)
+        self.episodes += 1
+        self._moves, self._return = [], 0.0
+        self._return += self._play_opponents()
+        if self._over():
+            raise RuntimeError(f"The game ended before {self.agent} could move")
+        return self._view(self.agent)
+
+    def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
+        """Play the agent's move, then the opponents' until it is the agent's turn again."""
+        if self._over():
+            raise RuntimeError("The game is over: call reset()")
+        self.game.step(action)
+        self._moves.append((self.agent, int(action)))
+        reward = float(self.game.rewards.get(self.agent, 0.0))
+        reward += self._play_opponents()
+        self._return += reward
+        terminated = bool(self.game.terminations.get(self.agent, False))
+        truncated = bool(self.game.truncations.get(self.agent, False)) and not terminated
+        obs, info = self._view(self.agent)
+        if terminated or truncated:
+            info["outcome"] = "win" if self._return > 0 else "loss" if self._return < 0 else "draw"
+            info["is_success"] = self._return > 0
+        return obs, reward, terminated, truncated, info
+
+    def render(self) -> Any:
+        """The game's own rendering (its ``render_mode``)."""
+        return self.game.render()
+
+    def close(self) -> None:
+        """Close the game."""
+        self.game.close()
+
+    def _play_opponents(self) -> float:
+        """Opponent moves until the agent's turn or the end; the agent's rewards from them."""
+        reward = 0.0
+        while not self._over() and self.game.agent_selection != self.agent:
+            mover = self.game.agent_selection
+            action = self.opponent.act(*self._view(mover))
+            self.game.step(action)
+            self._moves.append((mover, int(action)))
+            reward += float(self.game.rewards.get(self.agent, 0.0))
+        return reward
+
+    def _over(self) -> bool:
+        game = self.game
+        return bool(game.terminations.get(self.agent, True) or game.truncations.get(self.agent))
+
+    def _view(self, agent: str) -> tuple[Any, dict[str, Any]]:
+        raw = self.game.observe(agent)
+        obs, mask = raw, self.game.infos.get(agent, {}).get("action_mask")
+        if isinstance(raw, Mapping) and "observation" in raw:
+            obs, mask = raw["observation"], raw.get("action_mask", mask)
+        if mask is None:
+            raise ValueError(f"{agent} has no action mask in its observation or info")
+        info: dict[str, Any] = {
+            "action_mask": np.asarray(mask, dtype=np.int8),
+            "seat": agent,
+            "seat_index": self.agents.index(agent),
+        }
+        others = [a for who, a in self._moves if who != agent]
+        if others:
+            info["opponent_action"] = others[-1]
+        return obs, info
+
+    def _check_seat(self, seat: Any) -> None:
+        n = len(self.agents)
+        valid = (
+            seat in SEAT_MODES
+            or seat in self.agents
+            or (isinstance(seat, int) and not isinstance(seat, bool) and 0 <= seat < n)
+        )
+        if not valid:
+            raise ValueError(
+                f"Expected seat to be one of {SEAT_MODES}, a seat index 0..{n - 1} or one of "
+                f"{self.agents}, got {seat!r}"
+            )
