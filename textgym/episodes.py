@@ -1,74 +1,29 @@
 """The one episode runner: a :class:`~textgym.policy.Policy` plays a text env, batched over envs.
 
-Evaluation, recording and the PPO evaluation all play through :func:`run_episodes` and get
-:class:`Episode` records; :func:`reply_choices` / :func:`reply_schemas` ask envs what they accept.
+Evaluation and recording play through :func:`run_episodes` and get :class:`Episode` records;
+training's rollout collector steps its vector env through the same parts
+(:mod:`textgym.vector_steps`: autoreset handling, each env's own info, the episode tally), so a
+turn and an episode are read the same way everywhere. :func:`reply_choices` /
+:func:`reply_schemas` ask envs what they accept.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import Any, overload
 
 import gymnasium as gym
 import numpy as np
-from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector import VectorEnv
 
 from textgym.checker import find_text_wrapper
 from textgym.policy import JSONSchema, Policy, as_policy
 from textgym.spaces import ChatMessages
+from textgym.vector_steps import Episode, EpisodeTally, Step, autoreset_mode, step_envs
 from textgym.wrappers import Messages
 
 __all__ = ["Episode", "Step", "reply_choices", "reply_schemas", "run_episodes"]
-
-
-@dataclass(frozen=True)
-class Step:
-    """One turn of an episode: the prompt, the reply to it and what the env made of it.
-
-    Attributes:
-        messages: The prompt the policy saw.
-        reply: The reply text sent to the env.
-        reward: The text env's reward (an invalid reply's penalty included).
-        invalid: Whether the env rejected the reply.
-        action: The env action the reply became (None when it was rejected and none was
-            taken in its place).
-    """
-
-    messages: Messages
-    reply: str
-    reward: float
-    invalid: bool
-    action: Any = None
-
-
-@dataclass(frozen=True)
-class Episode:
-    """One played episode.
-
-    Attributes:
-        seed: The seed of its reset (None: unseeded, or a vector env's later episode, which
-            continues its env's random state).
-        episode_return: Sum of the text env's rewards (invalid replies count with their penalty).
-        length: Replies sent (``env.step`` calls).
-        invalid: Replies the text env rejected.
-        success: The final step's ``is_success``, or None when the env does not report it.
-        truncated: Whether the episode was cut short rather than terminated.
-        index: Its number in the run: episode ``k`` of single envs was reset with ``seed + k``;
-            a vector env's episodes are numbered as they finish.
-        env_index: Which env (of a vector env or a list of envs) played it.
-        steps: Every turn, when the runner was asked to record them (else empty).
-    """
-
-    seed: int | None
-    episode_return: float
-    length: int
-    invalid: int
-    success: bool | None
-    truncated: bool
-    index: int = 0
-    env_index: int = 0
-    steps: tuple[Step, ...] = field(default=(), repr=False)
 
 
 @overload
@@ -218,38 +173,33 @@ def _replies(policy: Policy, lanes: Any, active: list[int], greedy: bool) -> lis
     return list(replies)
 
 
-@dataclass
-class _Open:
-    """An episode being played."""
+class _Lanes:
+    """What both kinds of lanes keep per env: the episode's totals, seed, number and turns."""
 
-    index: int
-    seed: int | None
-    total: float = 0.0
-    length: int = 0
-    invalid: int = 0
-    steps: list[Step] | None = None
+    def __init__(self, n: int, record_steps: bool) -> None:
+        self.tally = EpisodeTally(n)
+        self.seeds: list[int | None] = [None] * n
+        self.indices = [0] * n
+        self.record_steps = record_steps
+        self.turns: list[list[Step]] = [[] for _ in range(n)]
 
-    def add(self, messages: Messages, reply: str, reward: float, info: dict[str, Any]) -> None:
-        invalid = bool(info.get("invalid", False))
-        self.total += reward
-        self.length += 1
-        self.invalid += invalid
-        if self.steps is not None:
-            step = Step(messages, reply, reward, invalid, info.get("env_action"))
-            self.steps.append(step)
+    def begin(self, i: int, seed: int | None, index: int) -> None:
+        self.seeds[i], self.indices[i] = seed, index
+        self.turns[i] = []
 
-    def close(self, success: Any, truncated: bool, env_index: int, index: int) -> Episode:
-        return Episode(
-            seed=self.seed,
-            episode_return=self.total,
-            length=self.length,
-            invalid=self.invalid,
-            success=None if success is None else bool(success),
-            truncated=truncated,
-            index=index,
-            env_index=env_index,
-            steps=tuple(self.steps or ()),
+    def add(self, i: int, messages: Messages, reply: str, reward: float, info: Any) -> None:
+        invalid = bool(info("invalid") or False)
+        self.tally.add(i, reward, invalid)
+        if self.record_steps:
+            self.turns[i].append(Step(messages, reply, reward, invalid, info("env_action")))
+
+    def close(self, i: int, success: Any, truncated: bool, index: int) -> Episode:
+        steps = tuple(self.turns[i])
+        self.turns[i] = []
+        episode: Episode = self.tally.close(
+            i, success, truncated, seed=self.seeds[i], index=index, steps=steps
         )
+        return episode
 
 
 class _EnvLanes:
@@ -267,26 +217,27 @@ class _EnvLanes:
             if not isinstance(env, gym.Env):
                 raise TypeError(f"Expected a text env or a vector env, got {type(env).__name__}")
         self.envs, self.n_episodes, self.seed = envs, n_episodes, seed
-        self.record_steps, self.max_steps = record_steps, max_steps
-        self.open: list[_Open | None] = [None] * len(envs)
+        self.max_steps = max_steps
+        self.lanes = _Lanes(len(envs), record_steps)
+        self.playing = [False] * len(envs)
         self.messages: list[Messages] = [[] for _ in envs]
         self.started = 0
         for i in range(len(envs)):
             self._start(i)
 
     def _start(self, i: int) -> None:
-        self.open[i] = None
-        if self.started < self.n_episodes:
+        self.playing[i] = self.started < self.n_episodes
+        if self.playing[i]:
             seed = None if self.seed is None else self.seed + self.started
             self.messages[i], _ = self.envs[i].reset(seed=seed)
-            self.open[i] = _Open(self.started, seed, steps=[] if self.record_steps else None)
+            self.lanes.begin(i, seed, self.started)
             self.started += 1
 
     def running(self) -> bool:
-        return any(o is not None for o in self.open)
+        return any(self.playing)
 
     def active(self) -> list[int]:
-        return [i for i, o in enumerate(self.open) if o is not None]
+        return [i for i, playing in enumerate(self.playing) if playing]
 
     # Asked every step: with an action mask the valid replies change with the state.
     def choices(self) -> list[list[str] | None] | None:
@@ -300,56 +251,34 @@ class _EnvLanes:
     def step(self, active: list[int], replies: list[str]) -> list[Episode]:
         finished = []
         for i, reply in zip(active, replies, strict=True):
-            episode = self.open[i]
-            assert episode is not None
             messages, reward, terminated, truncated, info = self.envs[i].step(reply)
-            episode.add(self.messages[i], reply, float(reward), info)
+            self.lanes.add(i, self.messages[i], reply, float(reward), info.get)
             self.messages[i] = messages
-            cut = self.max_steps is not None and episode.length >= self.max_steps
+            cut = self.max_steps is not None and int(self.lanes.tally.lengths[i]) >= self.max_steps
             truncated = bool(truncated) or (cut and not terminated)
             if terminated or truncated:
-                finished.append(episode.close(info.get("is_success"), truncated, i, episode.index))
+                index = self.lanes.indices[i]
+                finished.append(self.lanes.close(i, info.get("is_success"), truncated, index))
                 self._start(i)
         return finished
-
-
-def _info_at(infos: dict[str, Any], key: str, index: int) -> Any:
-    """Env ``index``'s value of ``key`` in a vector env's batched infos (None if it has none)."""
-    if key in infos and infos.get(f"_{key}", np.ones(index + 1, bool))[index]:
-        return _pick(infos[key], index)
-    return None
-
-
-def _pick(value: Any, index: int) -> Any:
-    # Vector envs batch a dict-valued info key (a Dict action, say) into a dict of arrays.
-    if isinstance(value, dict):
-        return {k: _pick(v, index) for k, v in value.items() if not k.startswith("_")}
-    return value[index]
 
 
 class _VectorLanes:
     """A vector env with autoreset; env ``i`` contributes its fixed share of the episodes."""
 
     def __init__(self, envs: VectorEnv, n_episodes: int, seed: int | None, record: bool) -> None:
-        mode = envs.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP)
-        self.mode = AutoresetMode(mode) if isinstance(mode, str) else mode
-        if self.mode == AutoresetMode.DISABLED:
-            raise ValueError(
-                "Vector envs with autoreset_mode=DISABLED are not supported; use NEXT_STEP "
-                "(Gymnasium's default) or SAME_STEP"
-            )
+        self.mode = autoreset_mode(envs)
         n = envs.num_envs
-        self.envs, self.record = envs, record
+        self.envs = envs
         self.targets = [(n_episodes + i) // n for i in range(n)]
         self.counted = [0] * n
         self.finished = 0
         observations, _ = envs.reset(seed=seed)
         self.messages: list[Messages] = list(observations)
-        self.open = [self._new(None if seed is None else seed + i) for i in range(n)]
+        self.lanes = _Lanes(n, record)
+        for i in range(n):
+            self.lanes.begin(i, None if seed is None else seed + i, -1)
         self.resetting = np.zeros(n, dtype=bool)  # NEXT_STEP: this env's next step is a reset
-
-    def _new(self, seed: int | None) -> _Open:
-        return _Open(-1, seed, steps=[] if self.record else None)
 
     def running(self) -> bool:
         return any(c < t for c, t in zip(self.counted, self.targets, strict=True))
@@ -364,29 +293,18 @@ class _VectorLanes:
         return reply_schemas(self.envs)
 
     def step(self, active: list[int], replies: list[str]) -> list[Episode]:
-        actions = [""] * self.envs.num_envs  # ignored by the envs that are resetting
-        for i, reply in zip(active, replies, strict=True):
-            actions[i] = reply
-        observations, rewards, terminations, truncations, infos = self.envs.step(actions)
+        step = step_envs(self.envs, self.mode, active, replies)
         finished = []
-        for i in active:
-            done = bool(terminations[i] or truncations[i])
-            # SAME_STEP: a finished env has already reset; its last step's info is final_info.
-            same_step = done and self.mode == AutoresetMode.SAME_STEP
-            step_infos = infos.get("final_info", infos) if same_step else infos
-            keys = ("invalid", "is_success", "env_action")[: 3 if self.record else 2]
-            info = {key: _info_at(step_infos, key, i) for key in keys}
-            episode = self.open[i]
-            episode.add(self.messages[i], actions[i], float(rewards[i]), info)
-            if done:
-                truncated = bool(truncations[i]) and not bool(terminations[i])
+        for i, reply in zip(active, replies, strict=True):
+            info = functools.partial(step.info, i)
+            self.lanes.add(i, self.messages[i], reply, float(step.rewards[i]), info)
+            if step.done(i):
+                episode = self.lanes.close(i, info("is_success"), step.truncated(i), self.finished)
                 if self.counted[i] < self.targets[i]:
                     self.counted[i] += 1
-                    success = info["is_success"]
-                    finished.append(episode.close(success, truncated, i, self.finished))
+                    finished.append(episode)
                     self.finished += 1
-                self.open[i] = self._new(None)
-        if self.mode == AutoresetMode.NEXT_STEP:
-            self.resetting = np.logical_or(terminations, truncations)
-        self.messages = list(observations)
+                self.lanes.begin(i, None, -1)  # later episodes continue the env's RNG
+        self.resetting = step.next_resetting(self.resetting)
+        self.messages = list(step.observations)
         return finished

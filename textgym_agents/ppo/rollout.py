@@ -1,25 +1,26 @@
 """Batched rollouts: one generation call per step for all envs of a vector env.
 
-Handles Gymnasium's autoreset modes (``NEXT_STEP``: the step after an episode ends only resets
-that env, so nothing is generated for it; ``SAME_STEP``: the final observation is in
-``info["final_obs"]``) and keeps per-episode statistics.
+Steps the envs through :mod:`textgym.vector_steps`, as evaluation and recording do
+(Gymnasium's autoreset modes: ``NEXT_STEP``, the step after an episode ends only resets that
+env, so nothing is generated for it; ``SAME_STEP``, the final observation is in
+``info["final_obs"]``), and keeps the finished episodes as :class:`textgym.episodes.Episode`.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import torch
-from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector import VectorEnv
 
-from textgym.episodes import reply_choices, reply_schemas
+from textgym.episodes import Episode, reply_choices, reply_schemas
+from textgym.vector_steps import EpisodeTally, autoreset_mode, step_envs
 from textgym_agents.ppo.buffer import RolloutBuffer, Turn
 
-__all__ = ["EpisodeStats", "RolloutCollector", "as_vector_env", "reply_choices", "reply_schemas"]
+__all__ = ["RolloutCollector", "as_vector_env", "reply_choices", "reply_schemas"]
 
 
 def as_vector_env(env: gym.Env[Any, Any] | VectorEnv) -> VectorEnv:
@@ -31,23 +32,6 @@ def as_vector_env(env: gym.Env[Any, Any] | VectorEnv) -> VectorEnv:
     raise TypeError(f"Expected a gymnasium Env or VectorEnv, got {type(env).__name__}")
 
 
-@dataclass
-class EpisodeStats:
-    """One finished episode."""
-
-    episode_return: float
-    length: int
-    invalid: int
-    success: bool | None
-    stream: int = 0
-
-
-def _info_at(infos: dict[str, Any], key: str, index: int) -> Any:
-    if key in infos and infos.get(f"_{key}", np.ones(index + 1, bool))[index]:
-        return infos[key][index]
-    return None
-
-
 class RolloutCollector:
     """Steps a vector env with a policy and records turns into a :class:`RolloutBuffer`."""
 
@@ -55,33 +39,20 @@ class RolloutCollector:
         """Create the collector; the envs are reset with ``seed`` on the first rollout."""
         self.envs = envs
         self.seed = seed
-        mode = envs.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP)
-        self.mode = AutoresetMode(mode) if isinstance(mode, str) else mode
-        if self.mode == AutoresetMode.DISABLED:
-            raise ValueError(
-                "Vector envs with autoreset_mode=DISABLED are not supported; use NEXT_STEP "
-                "(Gymnasium's default) or SAME_STEP"
-            )
+        self.mode = autoreset_mode(envs)
         n = envs.num_envs
         self.observations: tuple[Any, ...] | None = None
         self.resetting = np.zeros(n, dtype=bool)  # NEXT_STEP: this env's next step is a reset
-        self.returns = np.zeros(n)
-        self.lengths = np.zeros(n, dtype=int)
-        self.invalid = np.zeros(n, dtype=int)
+        self.tally = EpisodeTally(n)  # each env's current episode so far
         # Bounded so a long run's memory stays flat; the trainer drains it every update.
-        self.finished: deque[EpisodeStats] = deque(maxlen=max_episode_history)
-        # Once an env reports is_success, an episode that ends without it (cut short by
-        # invalid replies, say) counts as a failure rather than being left out.
-        self.reports_success = False
+        self.finished: deque[Episode] = deque(maxlen=max_episode_history)
 
     def reset(self, seed: int | list[int] | None = None) -> None:
         """Start fresh episodes in every env (``seed``: one int, or one per env)."""
         observations, _ = self.envs.reset(seed=self.seed if seed is None else seed)
         self.observations = tuple(observations)
         self.resetting[:] = False
-        self.returns[:] = 0
-        self.lengths[:] = 0
-        self.invalid[:] = 0
+        self.tally.clear()
 
     def collect(self, policy: Any, num_steps: int, buffer: RolloutBuffer) -> None:
         """Run ``num_steps`` env steps that have a model turn, adding each turn to ``buffer``."""
@@ -93,9 +64,7 @@ class RolloutCollector:
             # A step in which every env only resets generates nothing and does not count.
             steps += bool(active)
             idle = [""] * self.envs.num_envs  # ignored by envs that are resetting
-            _, terminations, truncations = self._play_step(policy, active, idle, buffer)
-            if self.mode == AutoresetMode.NEXT_STEP:
-                self.resetting = np.logical_or(terminations, truncations)
+            self._play_step(policy, active, idle, buffer)
         for i in range(self.envs.num_envs):
             if not self.resetting[i]:
                 buffer.set_bootstrap(i, policy.encode(self.observations[i]))
@@ -111,20 +80,17 @@ class RolloutCollector:
         """
         seen = [self.observations[i] for i in active]  # type: ignore[index]
         generation = policy.generate(seen, **self._decoding_kwargs(policy, active))
+        step = step_envs(self.envs, self.mode, active, generation.texts, idle_actions)
         actions = list(idle_actions)
         for k, i in enumerate(active):
             actions[i] = generation.texts[k]
-        observations, rewards, terminations, truncations, infos = self.envs.step(actions)
-        observations = tuple(observations)
-        for k, i in enumerate(active):
-            own = self._own_infos(infos, bool(terminations[i]) or bool(truncations[i]))
             turn = Turn(
                 prompt_ids=generation.prompt_ids[k],
                 response_ids=generation.response_ids[k],
-                reward=float(rewards[i]),
-                terminated=bool(terminations[i]),
-                truncated=bool(truncations[i]) and not bool(terminations[i]),
-                invalid=bool(_info_at(own, "invalid", i) or False),
+                reward=float(step.rewards[i]),
+                terminated=bool(step.terminations[i]),
+                truncated=step.truncated(i),
+                invalid=bool(step.info(i, "invalid") or False),
                 choice_ids=generation.choice_ids[k] if generation.choice_ids else None,
             )
             if getattr(generation, "logps", None) is not None:  # scored by the rollout
@@ -132,12 +98,16 @@ class RolloutCollector:
                 if generation.values is not None:  # None: critic-free
                     turn.value = float(generation.values[k])
             if turn.truncated:
-                turn.bootstrap_ids = policy.encode(self._final_obs(observations, infos, i))
+                turn.bootstrap_ids = policy.encode(step.final_observation(i))
             self._annotate(turn, i, seen[k])
             buffer.add(i, turn)
-            self._track(i, turn, own)
-        self.observations = observations
-        return actions, terminations, truncations
+            self.tally.add(i, turn.reward, turn.invalid)
+            if turn.done:
+                success = step.info(i, "is_success")
+                self.finished.append(self.tally.close(i, success, turn.truncated))
+        self.observations = step.observations
+        self.resetting = step.next_resetting(self.resetting)
+        return actions, step.terminations, step.truncations
 
     def _annotate(self, turn: Turn, i: int, observation: Any) -> None:
         """Add what a subclass records per turn (env ``i`` answered ``observation``)."""
@@ -153,22 +123,6 @@ class RolloutCollector:
             kwargs["schemas"] = [schemas[i] for i in active]
         return kwargs
 
-    def _final_obs(self, observations: tuple[Any, ...], infos: dict[str, Any], i: int) -> Any:
-        """Env ``i``'s observation after its episode ended (SAME_STEP: in ``final_obs``)."""
-        if self.mode == AutoresetMode.SAME_STEP:
-            return _info_at(infos, "final_obs", i)
-        return observations[i]
-
-    def _own_infos(self, infos: dict[str, Any], done: bool) -> dict[str, Any]:
-        """The infos of this step for an env whose episode ended (``done``) or goes on.
-
-        With SAME_STEP autoreset, an env whose episode just ended has already reset: its
-        ``infos`` entry is the new episode's, and the step's own is in ``final_info``.
-        """
-        if done and self.mode == AutoresetMode.SAME_STEP:
-            return infos.get("final_info", infos)
-        return infos
-
     def choices(self) -> list[list[str] | None] | None:
         """Each env's valid replies for choice decoding, in its current state.
 
@@ -181,29 +135,7 @@ class RolloutCollector:
         """Each env's reply JSON schema for constrained decoding, in its current state."""
         return reply_schemas(self.envs)
 
-    def _track(self, i: int, turn: Turn, infos: dict[str, Any]) -> None:
-        self.returns[i] += turn.reward
-        self.lengths[i] += 1
-        self.invalid[i] += int(turn.invalid)
-        if turn.done:  # infos: this step's own (see _own_infos)
-            success = _info_at(infos, "is_success", i)
-            self.reports_success |= success is not None
-            if success is None and self.reports_success:
-                success = False
-            self.finished.append(
-                EpisodeStats(
-                    float(self.returns[i]),
-                    int(self.lengths[i]),
-                    int(self.invalid[i]),
-                    None if success is None else bool(success),
-                    stream=i,
-                )
-            )
-            self.returns[i] = 0
-            self.lengths[i] = 0
-            self.invalid[i] = 0
-
-    def drain(self) -> list[EpisodeStats]:
+    def drain(self) -> list[Episode]:
         """Return and forget the episodes finished since the last call."""
         finished = list(self.finished)
         self.finished.clear()

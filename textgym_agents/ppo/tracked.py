@@ -268,10 +268,10 @@ def rollout_state(envs: TrackedVectorEnv, collector: Any) -> dict[str, Any]:
     state["collector"] = {
         "started": collector.observations is not None,
         "resetting": collector.resetting.tolist(),
-        "returns": collector.returns.tolist(),
-        "lengths": collector.lengths.tolist(),
-        "invalid": collector.invalid.tolist(),
-        "reports_success": collector.reports_success,
+        "returns": collector.tally.returns.tolist(),
+        "lengths": collector.tally.lengths.tolist(),
+        "invalid": collector.tally.invalid.tolist(),
+        "reports_success": collector.tally.reports_success,
     }
     if hasattr(collector, "rounds"):  # seed-shared groups: the rounds played so far
         state["collector"]["group"] = collector.state()
@@ -291,7 +291,7 @@ def restore_rollout(
         group = saved["collector"].get("group") if saved is not None else None
         if group is not None:
             collector.load_state(group)
-            collector.reports_success = bool(saved["collector"]["reports_success"])  # type: ignore[index]
+            collector.tally.reports_success = bool(saved["collector"]["reports_success"])  # type: ignore[index]
         else:
             collector.seed = fresh_seed
         return
@@ -304,10 +304,10 @@ def restore_rollout(
     counters = saved["collector"]  # type: ignore[index]
     collector.observations = observations
     collector.resetting[:] = counters["resetting"]
-    collector.returns[:] = counters["returns"]
-    collector.lengths[:] = counters["lengths"]
-    collector.invalid[:] = counters["invalid"]
-    collector.reports_success = bool(counters["reports_success"])
+    collector.tally.returns[:] = counters["returns"]
+    collector.tally.lengths[:] = counters["lengths"]
+    collector.tally.invalid[:] = counters["invalid"]
+    collector.tally.reports_success = bool(counters["reports_success"])
 
 
 def _generator(state: dict[str, Any]) -> np.random.Generator:

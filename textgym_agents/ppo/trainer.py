@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from textgym.episodes import Episode
 from textgym_agents import distributed
 from textgym_agents.exceptions import NonFiniteUpdateError
 from textgym_agents.gradient_checkpointing import enable_gradient_checkpointing
@@ -27,7 +28,7 @@ from textgym_agents.ppo import core
 from textgym_agents.ppo.buffer import RolloutBuffer, Turn
 from textgym_agents.ppo.estimators import assign_critic_free
 from textgym_agents.ppo.groups import GroupRolloutCollector
-from textgym_agents.ppo.rollout import EpisodeStats, RolloutCollector, as_vector_env
+from textgym_agents.ppo.rollout import RolloutCollector, as_vector_env
 from textgym_agents.ppo.run import TrainingRun
 from textgym_agents.ppo.steps import (
     STEP_STATS,
@@ -151,7 +152,7 @@ class PPOTrainer:
     # --- update: score → compute_advantages → optimise ----------------------------------------
 
     def update(
-        self, buffer: RolloutBuffer, episodes: list[EpisodeStats] | None = None
+        self, buffer: RolloutBuffer, episodes: list[Episode] | None = None
     ) -> dict[str, float]:
         """Score the buffer, compute advantages and run the PPO epochs; return metrics.
 
@@ -340,7 +341,7 @@ class PPOTrainer:
     def _update_metrics(
         self,
         turns: list[Turn],
-        episodes: list[EpisodeStats],
+        episodes: list[Episode],
         stats: dict[str, float],
         score_s: float,
         update_s: float,

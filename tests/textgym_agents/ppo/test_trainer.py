@@ -167,7 +167,7 @@ def test_autoreset_modes(policy, mode):
     assert [len(turns) for turns in buffer.streams.values()] == [num_steps] * 2
     assert all(turn.done for turn in buffer.turns())  # no reset step became a turn
     episodes = trainer.collector.drain()
-    assert [(e.stream, e.length) for e in episodes] == [(0, 1), (1, 1)] * num_steps
+    assert [(e.env_index, e.length) for e in episodes] == [(0, 1), (1, 1)] * num_steps
 
 
 def test_same_step_autoreset_keeps_the_invalid_flag_of_the_final_turn(policy):
