@@ -56,6 +56,9 @@ def system_prompt_of(env: gym.Env[Any, Any] | VectorEnv) -> str | None:
     """
     try:
         if isinstance(env, VectorEnv):
+            # Probe first: an AsyncVectorEnv worker that raises AttributeError shuts down.
+            if not all(env.call("has_wrapper_attr", "system_prompt")):
+                return None
             prompt = env.get_attr("system_prompt")[0]
         else:
             prompt = find_text_wrapper(env).system_prompt

@@ -86,10 +86,10 @@ def _ask(env: gym.Env[Any, Any], method: str) -> Any:
 def _ask_all(envs: VectorEnv, method: str) -> list[Any] | None:
     if not isinstance(getattr(envs, "single_observation_space", None), ChatMessages):
         return None
-    try:
-        return list(envs.call(method))
-    except AttributeError:  # a chat env that is not a TextEnvWrapper: free text only
-        return None
+    # Probe first: an AsyncVectorEnv worker whose env lacks the method raises and shuts down.
+    if not all(envs.call("has_wrapper_attr", method)):
+        return None  # a chat env that is not a TextEnvWrapper: free text only
+    return list(envs.call(method))
 
 
 def run_episodes(

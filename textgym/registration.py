@@ -6,7 +6,6 @@ it accepts and the :class:`~textgym.wrappers.TextEnvWrapper` with the wrapper's 
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -15,16 +14,11 @@ import gymnasium as gym
 from textgym.envs.classic import PRESETS, ReportSuccess
 from textgym.envs.minigrid_text import BABYAI_LEVELS
 from textgym.envs.pettingzoo_text import PETTINGZOO_GAMES
-from textgym.wrappers import TextEnvWrapper
+from textgym.wrappers import WRAPPER_OPTIONS, TextEnvWrapper
 
 __all__ = ["NAMESPACE", "WRAPPER_OPTIONS", "make_text_env", "register", "registered_ids"]
 
 NAMESPACE = "textgym"
-WRAPPER_OPTIONS = frozenset(inspect.signature(TextEnvWrapper.__init__).parameters) - {
-    "self",
-    "env",
-    "env_kwargs",
-}
 # Options that shape the generated action schema; a parser passed in replaces them.
 _SCHEMA_OPTIONS = ("action_names", "action_field", "action_description")
 

@@ -194,8 +194,11 @@ def step_envs(
 class EpisodeTally:
     """Running return, reply count and invalid replies of each env's current episode.
 
-    Once any env has reported ``is_success``, an episode that ends without it (cut short by a
-    time limit or by invalid replies) counts as a failure rather than being left out.
+    With ``missing_success_fails`` (training's statistics), once any env has reported
+    ``is_success``, an episode that ends without it (cut short by a time limit or by invalid
+    replies) counts as a failure rather than being left out; without it (the episode runner),
+    such an episode keeps ``success=None`` and :class:`~textgym.evaluation.Evaluation` counts
+    it as failed.
 
     Attributes:
         returns: Sum of the rewards so far, per env.
@@ -204,8 +207,9 @@ class EpisodeTally:
         reports_success: Whether an env has reported ``is_success``.
     """
 
-    def __init__(self, num_envs: int) -> None:
+    def __init__(self, num_envs: int, *, missing_success_fails: bool = False) -> None:
         """Zero totals for ``num_envs`` envs."""
+        self.missing_success_fails = missing_success_fails
         self.returns = np.zeros(num_envs)
         self.lengths = np.zeros(num_envs, dtype=int)
         self.invalid = np.zeros(num_envs, dtype=int)
@@ -234,7 +238,7 @@ class EpisodeTally:
             **fields: Further :class:`~textgym.episodes.Episode` fields (seed, index, steps).
         """
         self.reports_success |= success is not None
-        if success is None and self.reports_success:
+        if success is None and self.reports_success and self.missing_success_fails:
             success = False
         episode = Episode(
             seed=fields.pop("seed", None),

@@ -7,6 +7,7 @@ past turns, the new observation) so policies stay stateless: messages in, reply 
 from __future__ import annotations
 
 import copy
+import inspect
 import reprlib
 from collections import deque
 from collections.abc import Mapping
@@ -22,7 +23,7 @@ from textgym.parsers import ActionParseError, ActionParser, as_parser
 from textgym.references import reference_of
 from textgym.spaces import ChatMessages, UnicodeText
 
-__all__ = ["INVALID_MODES", "Messages", "TextEnvWrapper"]
+__all__ = ["INVALID_MODES", "WRAPPER_OPTIONS", "Messages", "TextEnvWrapper"]
 
 Messages = list[dict[str, str]]
 INVALID_MODES = ("penalize", "default_action", "raise")
@@ -397,6 +398,15 @@ class TextEnvWrapper(gym.Wrapper[Messages, str, ObsType, ActType], gym.utils.Rec
                 f"{self.env.action_space}"
             )
         return default_action
+
+
+#: The keyword arguments of :class:`TextEnvWrapper` (what ``gym.make`` of a text env passes to
+#: the wrapper rather than to the base env).
+WRAPPER_OPTIONS = frozenset(inspect.signature(TextEnvWrapper.__init__).parameters) - {
+    "self",
+    "env",
+    "env_kwargs",
+}
 
 
 def _json_like(value: Any) -> Any:

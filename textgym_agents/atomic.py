@@ -6,6 +6,7 @@ place (files via :mod:`textgym.atomic`); :mod:`textgym_agents.checkpoint` builds
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -139,7 +140,9 @@ def atomic_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
         raise
     _fsync_dir(path.parent)
     if aside is not None:
-        remove_path(aside)
+        # The new version is in place; the next checkpoint save removes leftovers too.
+        with contextlib.suppress(OSError):
+            remove_path(aside)
 
 
 def remove_path(path: Path) -> None:

@@ -275,7 +275,10 @@ def save_checkpoint(
     if keep is not None:
         for old in list_checkpoints(run_dir)[:-keep]:
             if old != path:
-                _delete_checkpoint(old)
+                try:  # the new checkpoint is complete: failing to prune it must not stop a run
+                    _delete_checkpoint(old)
+                except OSError as e:
+                    logger.warning("Could not remove the old checkpoint %s: %s", old, e)
     return path
 
 

@@ -73,7 +73,13 @@ def find_damage(directory: str | os.PathLike[str], listing: Mapping[str, Any]) -
     Returns:
         A sentence naming the damaged file and how it differs, or None.
     """
-    root = Path(directory)
+    try:
+        return _find_damage(Path(directory), listing)
+    except OSError as e:  # unreadable, or removed while we looked (a live run pruning it)
+        return f"{getattr(e, 'filename', None) or directory} is unreadable ({e.strerror or e})"
+
+
+def _find_damage(root: Path, listing: Mapping[str, Any]) -> str | None:
     if not isinstance(listing, Mapping):
         return f"its file listing is not an object: {type(listing).__name__}"
     for name, expected in sorted(listing.items()):

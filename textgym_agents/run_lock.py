@@ -63,14 +63,12 @@ class RunLock:
         """Name the run directory whose lock :meth:`acquire` takes."""
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / LOCK_FILE
-
-    def _key(self) -> str:
-        return str(self.path.resolve())
+        self._key: str | None = None  # the resolved lock path, fixed when acquired
 
     def acquire(self) -> None:
         """Take the lock, or raise :class:`RunLockedError` naming the process that holds it."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        key = self._key()
+        key = self._key = str(self.path.resolve())
         if key in _HELD:
             fd, depth = _HELD[key]
             _HELD[key] = (fd, depth + 1)
@@ -105,13 +103,19 @@ class RunLock:
             "host": socket.gethostname(),
             "started": time.strftime("%Y-%m-%d %H:%M:%S %z"),
         }
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, (json.dumps(owner) + "\n").encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, (json.dumps(owner) + "\n").encode(), 0)
+        except OSError:  # a full disk: give the lock back rather than hold it unnamed
+            os.close(fd)
+            raise
         _HELD[key] = (fd, 1)
 
     def release(self) -> None:
         """Give the lock back (the file is removed when the outermost holder releases it)."""
-        key = self._key()
+        key = self._key
+        if key is None or key not in _HELD:
+            raise RuntimeError(f"{self.path} is not held by this process")
         fd, depth = _HELD[key]
         if depth > 1:
             _HELD[key] = (fd, depth - 1)

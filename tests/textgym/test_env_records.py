@@ -72,3 +72,33 @@ def test_an_env_whose_spec_is_not_json_is_recorded_with_the_reason():
 def test_unknown_prompts_compare_as_no_difference():
     assert prompt_difference({"id": "x"}, gym.make("textgym/Blackjack-v1")) is None
     assert system_prompt_of(gym.make("Blackjack-v1")) is None
+
+
+class PlainChat(gym.Env):
+    """A chat env that is not a TextEnvWrapper (no system_prompt, no reply_choices)."""
+
+    def __init__(self):
+        from textgym.spaces import ChatMessages, UnicodeText
+
+        self.observation_space = ChatMessages(2, 100)
+        self.action_space = UnicodeText(100)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return [{"role": "user", "content": "hi"}], {}
+
+    def step(self, action):
+        return [{"role": "user", "content": "hi"}], 0.0, True, False, {}
+
+
+def test_probing_an_async_vector_env_of_plain_chat_envs_leaves_its_workers_alive():
+    from textgym.episodes import reply_choices
+
+    envs = gym.vector.AsyncVectorEnv([PlainChat, PlainChat])
+    try:
+        envs.reset(seed=0)
+        assert system_prompt_of(envs) is None and env_record(envs)["system_prompt"] is None
+        assert reply_choices(envs) is None
+        envs.step(["a", "b"])  # a worker that had raised AttributeError would be gone
+    finally:
+        envs.close()

@@ -118,3 +118,35 @@ def test_vector_envs_record_dict_actions():
     reply = '{"drink": 1, "cups": 2}'
     episodes = list(run_episodes(lambda m: reply, envs, 2, record_steps=True))
     assert [e.steps[0].action for e in episodes] == [{"drink": 1, "cups": 2}] * 2
+
+
+class SometimesReports(gym.Env):
+    """Reports is_success when it terminates, not when its time limit truncates it."""
+
+    def __init__(self):
+        self.observation_space = gym.spaces.Discrete(2)
+        self.action_space = gym.spaces.Discrete(2)
+        self.episode = -1
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.episode += 1
+        return 0, {}
+
+    def step(self, action):
+        if self.episode % 2:
+            return 0, 1.0, True, False, {"is_success": True}
+        return 0, 0.0, False, True, {}
+
+
+def test_an_episode_without_a_success_report_keeps_none_whatever_came_before():
+    from textgym import TextEnvWrapper
+
+    env = TextEnvWrapper(SometimesReports(), action_names=["a", "b"])
+    episodes = list(run_episodes(lambda m: '{"action": "a"}', env, 4, seed=0))
+    assert [(e.success, e.truncated) for e in episodes] == [
+        (None, True),
+        (True, False),
+        (None, True),
+        (True, False),
+    ]

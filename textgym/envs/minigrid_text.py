@@ -20,7 +20,7 @@ import numpy as np
 from textgym.envs.classic import ReportSuccess
 from textgym.extras import require
 from textgym.formatters import Formatter
-from textgym.wrappers import TextEnvWrapper
+from textgym.wrappers import WRAPPER_OPTIONS, TextEnvWrapper
 
 __all__ = [
     "ACTION_NAMES",
@@ -304,8 +304,6 @@ def make_babyai_text_env(
         >>> print(messages[-1]["content"].splitlines()[-1])
         Your last actions: go forward.
     """
-    from textgym.registration import WRAPPER_OPTIONS  # here: registration imports this module
-
     if level not in BABYAI_LEVELS:
         raise ValueError(f"Expected level to be one of {sorted(BABYAI_LEVELS)}, got {level!r}")
     require("minigrid", "minigrid", f"textgym/{level}")  # importing it registers its levels

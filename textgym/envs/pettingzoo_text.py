@@ -14,7 +14,7 @@ import numpy as np
 from textgym.envs.pettingzoo_seat import AECSeatEnv
 from textgym.extras import require
 from textgym.formatters import Formatter
-from textgym.wrappers import TextEnvWrapper
+from textgym.wrappers import WRAPPER_OPTIONS, TextEnvWrapper
 
 __all__ = [
     "CONNECT_FOUR_COLUMNS",
@@ -227,8 +227,6 @@ def make_pettingzoo_text_env(
         >>> print(messages[-1]["content"].splitlines()[0])
         You play X; your opponent plays O. Your opponent played a3.
     """
-    from textgym.registration import WRAPPER_OPTIONS  # here: registration imports this module
-
     if game not in PETTINGZOO_GAMES:
         raise ValueError(f"Expected game to be one of {sorted(PETTINGZOO_GAMES)}, got {game!r}")
     unknown = set(kwargs) - WRAPPER_OPTIONS

@@ -53,7 +53,10 @@ def read_trained_env(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     """
     path = Path(path)
     candidates = [path / "policy.json", path / "final" / "policy.json", path / "config.json"]
-    candidates += [path.parent / "config.json", path.parent.parent / "config.json"]
+    if path.name == "final":
+        candidates.append(path.parent / "config.json")
+    elif path.parent.name == "checkpoints":
+        candidates.append(path.parent.parent / "config.json")
     for file in candidates:
         if not file.is_file():
             continue

@@ -299,10 +299,14 @@ def _train_locked(args: argparse.Namespace, agents: Any, process: Any, plan: _Pl
     print(f"Run directory: {out}", flush=True)
     if plan.checkpoint is not None:
         done = episodes_done(plan.checkpoint)
-        if done >= plan.episodes:
+        finished = (out / "final" / "policy.json").is_file()
+        if done >= plan.episodes and finished:
             print(f"The run has {done} episodes (>= {plan.episodes}); pass a larger --episodes")
             return 0
-        print(f"Resuming from {plan.checkpoint} ({done} episodes done)")
+        if done >= plan.episodes:  # its final/ was never written (a full disk, say)
+            print(f"The run has {done} episodes; writing its final policy", flush=True)
+        else:
+            print(f"Resuming from {plan.checkpoint} ({done} episodes done)")
     print(
         f"Training {env_id} for {plan.episodes} episodes ({plan.num_envs} envs), "
         f"model: {plan.model or 'embedded'}"
@@ -350,7 +354,10 @@ def _train_locked(args: argparse.Namespace, agents: Any, process: Any, plan: _Pl
         from textgym_agents.checkpoint import latest_checkpoint
 
         what = "Interrupted" if isinstance(stop, KeyboardInterrupt) else "Terminated (SIGTERM)"
-        latest = latest_checkpoint(out)
+        try:
+            latest = latest_checkpoint(out)
+        except agents.CheckpointError:  # every checkpoint damaged: say so, exit as signalled
+            latest = None
         message = f"{what} before any checkpoint of {out} was saved"
         if latest is not None:
             message = f"{what}; latest checkpoint {latest.name}; continue with: "

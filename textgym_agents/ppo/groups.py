@@ -120,7 +120,14 @@ class GroupRolloutCollector(RolloutCollector):
         while not ended.all():
             active = np.flatnonzero(~ended).tolist()
             steps += 1
-            # Idle envs replay their last reply (see the module docstring).
+            # Idle envs replay their last reply (see the module docstring), or a reply valid in
+            # their throwaway episode's state when it lists them (an action mask may forbid
+            # the last one there, and an env with on_invalid="raise" would stop the rollout).
+            if ended.any() and (choices := self.choices()) is not None:
+                for i in np.flatnonzero(ended):
+                    valid = choices[i]
+                    if valid and last_action[i] not in valid:
+                        last_action[i] = valid[0]
             sent, terminations, truncations = self._play_step(policy, active, last_action, buffer)
             for i in active:
                 last_action[i] = sent[i]

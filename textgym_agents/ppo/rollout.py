@@ -43,7 +43,7 @@ class RolloutCollector:
         n = envs.num_envs
         self.observations: tuple[Any, ...] | None = None
         self.resetting = np.zeros(n, dtype=bool)  # NEXT_STEP: this env's next step is a reset
-        self.tally = EpisodeTally(n)  # each env's current episode so far
+        self.tally = EpisodeTally(n, missing_success_fails=True)  # each env's current episode
         # Bounded so a long run's memory stays flat; the trainer drains it every update.
         self.finished: deque[Episode] = deque(maxlen=max_episode_history)
 

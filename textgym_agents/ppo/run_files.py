@@ -7,6 +7,7 @@ choice of the newest intact checkpoint, and a write failure turned into one clea
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 from collections.abc import Callable
@@ -174,10 +175,10 @@ def write_or_stop(run_dir: Path, path: Path, write: Callable[[], Any]) -> Any:
     except OSError as e:
         reason = os.strerror(e.errno) if e.errno else str(e)
         kept = [p.name for p in list_checkpoints(run_dir)]
-        left = f"the latest checkpoint {kept[-1]} is intact" if kept else "no checkpoint exists"
+        left = f"the newest complete checkpoint is {kept[-1]}" if kept else "no checkpoint exists"
         message = (
             f"Could not write {path}: {reason}. The partial write was discarded and {left}; "
             f"free space (or fix the directory) and resume from {run_dir}"
         )
         logger.error(message)
-        raise CheckpointWriteError(e.errno, message) from e
+        raise CheckpointWriteError(e.errno or errno.EIO, message) from e

@@ -286,3 +286,16 @@ def test_the_default_run_is_the_calculator_recipe_and_flags_win(tmp_path):
     blackjack = plan("textgym/Blackjack-v1")
     assert (blackjack.episodes, blackjack.num_envs, blackjack.eval_episodes) == (500, 16, 50)
     assert blackjack.config.decoding == "choices" and blackjack.config.temperature == 2.0
+
+
+def test_resume_of_a_finished_run_without_its_final_policy_writes_it(run_dir, tmp_path, capsys):
+    """A full disk can stop a run after its last checkpoint but before final/ is written."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(run_dir[0], run)
+    shutil.rmtree(run / "final")
+    assert main(["train", "--resume", str(run), "--no-progress", "--eval-episodes", "0"]) == 0
+    assert "writing its final policy" in capsys.readouterr().out
+    assert (run / "final" / "policy.json").is_file()
+    PPOPolicy.load(run / "final")
