@@ -20,7 +20,14 @@ from gymnasium.vector import VectorEnv
 from textgym.checker import find_text_wrapper
 from textgym.policy import JSONSchema, Policy, as_policy
 from textgym.spaces import ChatMessages
-from textgym.vector_steps import Episode, EpisodeTally, Step, autoreset_mode, step_envs
+from textgym.vector_steps import (
+    Episode,
+    EpisodeTally,
+    Step,
+    autoreset_mode,
+    game_fields,
+    step_envs,
+)
 from textgym.wrappers import Messages
 
 __all__ = ["Episode", "Step", "reply_choices", "reply_schemas", "run_episodes"]
@@ -193,11 +200,17 @@ class _Lanes:
         if self.record_steps:
             self.turns[i].append(Step(messages, reply, reward, invalid, info("env_action")))
 
-    def close(self, i: int, success: Any, truncated: bool, index: int) -> Episode:
+    def close(self, i: int, info: Any, truncated: bool, index: int) -> Episode:
         steps = tuple(self.turns[i])
         self.turns[i] = []
         episode: Episode = self.tally.close(
-            i, success, truncated, seed=self.seeds[i], index=index, steps=steps
+            i,
+            info("is_success"),
+            truncated,
+            seed=self.seeds[i],
+            index=index,
+            steps=steps,
+            **game_fields(info),
         )
         return episode
 
@@ -258,7 +271,7 @@ class _EnvLanes:
             truncated = bool(truncated) or (cut and not terminated)
             if terminated or truncated:
                 index = self.lanes.indices[i]
-                finished.append(self.lanes.close(i, info.get("is_success"), truncated, index))
+                finished.append(self.lanes.close(i, info.get, truncated, index))
                 self._start(i)
         return finished
 
@@ -299,7 +312,7 @@ class _VectorLanes:
             info = functools.partial(step.info, i)
             self.lanes.add(i, self.messages[i], reply, float(step.rewards[i]), info)
             if step.done(i):
-                episode = self.lanes.close(i, info("is_success"), step.truncated(i), self.finished)
+                episode = self.lanes.close(i, info, step.truncated(i), self.finished)
                 if self.counted[i] < self.targets[i]:
                     self.counted[i] += 1
                     finished.append(episode)

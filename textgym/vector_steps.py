@@ -27,7 +27,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,7 +41,9 @@ __all__ = [
     "EpisodeTally",
     "Step",
     "VectorStep",
+    "GAME_INFO_KEYS",
     "autoreset_mode",
+    "game_fields",
     "info_at",
     "step_envs",
 ]
@@ -82,6 +84,10 @@ class Episode:
         index: Its number in the run: episode ``k`` of single envs was reset with ``seed + k``;
             a vector env's episodes are numbered as they finish.
         env_index: Which env (of a vector env or a list of envs) played it.
+        outcome: A game's result for the agent, the final step's ``info["outcome"]``
+            (``"win"``, ``"draw"`` or ``"loss"``; None when the env does not report one).
+        opponent: Who the agent played, the final step's ``info["opponent"]`` (a name such as
+            ``"random"`` or ``"selfplay:12"``; None when not reported).
         steps: Every turn, when the runner was asked to record them (else empty).
     """
 
@@ -93,7 +99,23 @@ class Episode:
     truncated: bool
     index: int = 0
     env_index: int = 0
+    outcome: str | None = None
+    opponent: str | None = None
     steps: tuple[Step, ...] = field(default=(), repr=False)
+
+
+GAME_INFO_KEYS = ("outcome", "opponent")
+"""Final-step info keys an :class:`Episode` keeps (multi-player games report them)."""
+
+
+def game_fields(info: Callable[[str], Any]) -> dict[str, str | None]:
+    """The :data:`GAME_INFO_KEYS` of a final step, as str or None, from an info getter.
+
+    Example:
+        >>> game_fields({"outcome": "win", "is_success": True}.get)
+        {'outcome': 'win', 'opponent': None}
+    """
+    return {key: None if (v := info(key)) is None else str(v) for key in GAME_INFO_KEYS}
 
 
 def autoreset_mode(envs: VectorEnv) -> AutoresetMode:

@@ -296,7 +296,9 @@ class PPOPolicy(PolicyScoring):
             output_dir: Run directory for metrics, checkpoints, the final policy and the
                 learning curve; ``"auto"`` picks ``runs/<env>-<time>``, None writes nothing.
             resume_from: A run directory or checkpoint to continue from.
-            callback: Called with each update's metrics; returning False stops training.
+            callback: Called with each update's metrics; returning False stops training. An
+                object with ``on_update`` (a :class:`~textgym_agents.selfplay.SelfPlayPool`)
+                is added as a trainer callback instead (see ``PPOTrainer.add_callback``).
 
         Returns:
             The last update's metrics.

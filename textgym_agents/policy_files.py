@@ -110,7 +110,9 @@ def save_policy_files(policy: PPOPolicy, directory: Path) -> None:
             "(model.save_pretrained(dir)) and build the policy with "
             "PPOPolicy.from_pretrained(dir)"
         )
-    policy.model.save_pretrained(directory / ADAPTER_DIR)
+    # The learner's adapter alone: a self-play pool's snapshots are extra adapters.
+    learner = policy.model.active_adapter
+    policy.model.save_pretrained(directory / ADAPTER_DIR, selected_adapters=[learner])
     save_tensors(directory / VALUE_HEAD_FILE, dict(policy.value_head.state_dict()))
     info = {"base": policy.base_info, "config": policy.config.to_dict(), "format": 1}
     if policy.trained_env is not None:

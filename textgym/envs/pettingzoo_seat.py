@@ -32,7 +32,11 @@ class Opponent:
 
     ``observation`` and ``info`` are what :class:`AECSeatEnv` would return if that seat were
     the agent's (``info["action_mask"]`` names the legal moves, ``info["seat"]`` the seat).
+    :attr:`name` is reported in the last step's ``info["opponent"]``, so metrics can be split
+    by opponent: ``"kind"`` or ``"kind:id"`` (the per-opponent metrics group by the kind).
     """
+
+    name: str = "opponent"
 
     def reset(self, seed: int | None = None) -> None:
         """Called on every ``AECSeatEnv.reset`` with a seed drawn from the env's generator."""
@@ -54,6 +58,8 @@ class RandomOpponent(Opponent):
         >>> int(opponent.act(None, {"action_mask": np.array([0, 1, 0], dtype=np.int8)}))
         1
     """
+
+    name = "random"
 
     def __init__(self) -> None:
         self._rng = np.random.default_rng()
@@ -77,10 +83,13 @@ class ScriptedOpponent(Opponent):
         2
     """
 
-    def __init__(self, policy: Callable[[Any, Mapping[str, Any]], Any]) -> None:
+    def __init__(
+        self, policy: Callable[[Any, Mapping[str, Any]], Any], *, name: str = "scripted"
+    ) -> None:
         if not callable(policy):
             raise TypeError(f"Expected a callable (observation, info) -> action, got {policy!r}")
         self.policy = policy
+        self.name = name
 
     def act(self, observation: Any, info: Mapping[str, Any]) -> Any:
         """The callable's move."""
@@ -104,11 +113,12 @@ class TextOpponent(Opponent):
     pettingzoo_text_env` binds it).
     """
 
-    def __init__(self, policy: Any, *, greedy: bool = False) -> None:
+    def __init__(self, policy: Any, *, greedy: bool = False, name: str = "text") -> None:
         from textgym.policy import as_policy  # here: textgym.policy imports the episode runner
 
         self.policy = as_policy(policy)
         self.greedy = greedy
+        self.name = name
         self.invalid_replies = 0
         self._text_env: Any = None
         self._fallback = RandomOpponent()
@@ -154,7 +164,11 @@ class TextOpponent(Opponent):
 
 
 def as_opponent(opponent: Any) -> Opponent:
-    """An :class:`Opponent` from ``"random"``, an Opponent, or a callable (scripted).
+    """An :class:`Opponent` from ``"random"``, an Opponent, a callable (scripted) or a factory.
+
+    A factory is an object with a ``new_opponent()`` method (such as
+    ``textgym_agents.selfplay.SelfPlayPool``): each env built with it gets its own opponent, so
+    the envs of a vector env made with one ``opponent=`` keyword do not share a game's state.
 
     Example:
         >>> type(as_opponent("random")).__name__, type(as_opponent(lambda o, i: 0)).__name__
@@ -162,13 +176,16 @@ def as_opponent(opponent: Any) -> Opponent:
     """
     if isinstance(opponent, Opponent):
         return opponent
-    if opponent == "random":
+    if callable(getattr(opponent, "new_opponent", None)):
+        return as_opponent(opponent.new_opponent())
+    if isinstance(opponent, str) and opponent == "random":
         return RandomOpponent()
     if callable(opponent):
         return ScriptedOpponent(opponent)
     raise TypeError(
         "Expected opponent to be 'random', an Opponent (TextOpponent(policy) for a text "
-        f"policy) or a callable (observation, info) -> action, got {opponent!r}"
+        "policy), a callable (observation, info) -> action or a factory with new_opponent(), "
+        f"got {opponent!r}"
     )
 
 
@@ -180,7 +197,8 @@ class AECSeatEnv(gym.Env[Any, Any]):
     once someone else has moved, ``opponent_action`` (their last move). A step's reward is
     the sum of PettingZoo's rewards for the seat over its move and the opponents' replies, so
     an episode's return is the seat's game reward. The last step's info also has ``outcome``
-    (``"win"``, ``"draw"`` or ``"loss"``, from that return) and ``is_success`` (a win).
+    (``"win"``, ``"draw"`` or ``"loss"``, from that return), ``is_success`` (a win) and
+    ``opponent`` (the opponent's :attr:`~Opponent.name`).
 
     Example:
         >>> import pettingzoo
@@ -204,8 +222,9 @@ class AECSeatEnv(gym.Env[Any, Any]):
                 to end the game as PettingZoo's classic games do, ``TerminateIllegalWrapper``:
                 ``pettingzoo.make("aec", ...)`` adds both).
             opponent: Who plays the other seats: ``"random"`` (a random legal move), a callable
-                ``(observation, info) -> action`` (scripted) or an :class:`Opponent`
-                (:class:`TextOpponent` for a text policy).
+                ``(observation, info) -> action`` (scripted), an :class:`Opponent`
+                (:class:`TextOpponent` for a text policy) or a factory with ``new_opponent()``
+                (see :func:`as_opponent`).
             seat: The agent's seat: ``"alternate"`` (a reset with seed ``s`` takes seat
                 ``s mod n``, one without a seed the seat after the last one, so the agent plays
                 first and second and a seeded reset is reproducible), ``"random"`` (drawn from
@@ -289,6 +308,7 @@ class AECSeatEnv(gym.Env[Any, Any]):
         if terminated or truncated:
             info["outcome"] = "win" if self._return > 0 else "loss" if self._return < 0 else "draw"
             info["is_success"] = self._return > 0
+            info["opponent"] = self.opponent.name
         return obs, reward, terminated, truncated, info
 
     def render(self) -> Any:

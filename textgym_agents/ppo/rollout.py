@@ -8,6 +8,7 @@ env, so nothing is generated for it; ``SAME_STEP``, the final observation is in
 
 from __future__ import annotations
 
+import functools
 from collections import deque
 from typing import Any
 
@@ -17,7 +18,7 @@ import torch
 from gymnasium.vector import VectorEnv
 
 from textgym.episodes import Episode, reply_choices, reply_schemas
-from textgym.vector_steps import EpisodeTally, autoreset_mode, step_envs
+from textgym.vector_steps import EpisodeTally, autoreset_mode, game_fields, step_envs
 from textgym_agents.ppo.buffer import RolloutBuffer, Turn
 
 __all__ = ["RolloutCollector", "as_vector_env", "reply_choices", "reply_schemas"]
@@ -104,7 +105,8 @@ class RolloutCollector:
             self.tally.add(i, turn.reward, turn.invalid)
             if turn.done:
                 success = step.info(i, "is_success")
-                self.finished.append(self.tally.close(i, success, turn.truncated))
+                game = game_fields(functools.partial(step.info, i))  # outcome, opponent
+                self.finished.append(self.tally.close(i, success, turn.truncated, **game))
         self.observations = step.observations
         self.resetting = step.next_resetting(self.resetting)
         return actions, step.terminations, step.truncations

@@ -138,6 +138,20 @@ class PPOTrainer:
         self.max_nonfinite_updates = max_nonfinite_updates
         self.nonfinite_streak = 0  # updates in a row with a skipped (non-finite) step
         self.nonfinite_total = 0  # optimizer steps skipped over the run
+        self.callbacks: list[Any] = []  # objects with on_update(...), see add_callback
+        self.games: list[tuple[str | None, str]] = []  # (opponent, outcome) of the last update
+
+    def add_callback(self, callback: Any) -> None:
+        """Call ``callback.on_update(trainer, metrics, episodes=..., games=...)`` after each update.
+
+        It runs once the update's metrics are computed and before they are logged, so it may
+        add metrics; ``episodes`` are this process's finished episodes, ``games`` every
+        process's ``(opponent, outcome)`` pairs. A :class:`~textgym_agents.selfplay.
+        SelfPlayPool` refreshes its snapshots and ratings this way.
+        """
+        if not callable(getattr(callback, "on_update", None)):
+            raise TypeError(f"Expected an object with an on_update method, got {callback!r}")
+        self.callbacks.append(callback)
 
     # --- rollout -----------------------------------------------------------------------------
 
@@ -178,6 +192,8 @@ class PPOTrainer:
         update_s = time.perf_counter() - start
         metrics = self._update_metrics(turns, episodes or [], stats, score_s, update_s)
         buffer.clear()
+        for callback in self.callbacks:  # before the driver logs: they may add metrics
+            callback.on_update(self, metrics, episodes=episodes or [], games=self.games)
         if self.nonfinite_streak >= self.max_nonfinite_updates:
             first = self.update_step - self.nonfinite_streak + 1
             raise NonFiniteUpdateError(
@@ -372,6 +388,8 @@ class PPOTrainer:
         self.episodes += len(rows)
         metrics["env/episodes"] = self.episodes
         metrics.update(rollout_stats.episode_metrics(rows))
+        self.games = rollout_stats.gathered_games(self.process, episodes)  # every process's
+        metrics.update(rollout_stats.game_metrics(self.games))
         return metrics
 
     # --- the loop ------------------------------------------------------------------------------
@@ -416,5 +434,11 @@ class PPOTrainer:
 
         A convenience over the driver, :class:`~textgym_agents.ppo.run.TrainingRun`, which
         writes the run directory (metrics, checkpoints, resume) and handles stop signals.
+        ``callback`` is called with each update's logged metrics (returning False stops), or,
+        if it has an ``on_update`` method (a self-play pool), added with :meth:`add_callback`.
         """
+        if callable(getattr(callback, "on_update", None)):
+            if callback not in self.callbacks:
+                self.add_callback(callback)
+            callback = None
         return TrainingRun(self).run(total_episodes, resume_from=resume_from, callback=callback)

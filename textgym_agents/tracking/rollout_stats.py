@@ -5,6 +5,7 @@ Tables come first (float64 rows), so the processes of a run can pool them before
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -14,7 +15,17 @@ import torch
 
 from textgym_agents.ppo.core import explained_variance
 
-__all__ = ["episode_metrics", "episode_table", "turn_metrics", "turn_table"]
+__all__ = [
+    "OUTCOMES",
+    "episode_metrics",
+    "episode_table",
+    "game_metrics",
+    "game_records",
+    "gathered_games",
+    "opponent_kind",
+    "turn_metrics",
+    "turn_table",
+]
 
 
 def turn_table(turns: Sequence[Any]) -> torch.Tensor:
@@ -79,3 +90,61 @@ def episode_metrics(table: torch.Tensor) -> dict[str, float]:
     if len(success):
         metrics["env/success_rate"] = float(np.mean(success))
     return metrics
+
+
+OUTCOMES = ("win", "draw", "loss")
+
+
+def game_records(episodes: Sequence[Any]) -> list[tuple[str | None, str]]:
+    """``(opponent, outcome)`` of the episodes that report an outcome (multi-player games)."""
+    return [
+        (e.opponent, e.outcome)
+        for e in episodes
+        if getattr(e, "outcome", None) in OUTCOMES  # an unknown result is left out
+    ]
+
+
+def opponent_kind(opponent: str | None) -> str:
+    """The kind of an opponent name: the part before ``":"`` (``"selfplay:12"`` → ``"selfplay"``).
+
+    Example:
+        >>> opponent_kind("selfplay:12"), opponent_kind("random"), opponent_kind(None)
+        ('selfplay', 'random', 'unknown')
+    """
+    return "unknown" if opponent is None else opponent.split(":", 1)[0]
+
+
+def game_metrics(games: Sequence[tuple[str | None, str]]) -> dict[str, float]:
+    """Win, draw and loss rates of finished games, overall and per opponent kind.
+
+    ``env/win_rate``, ``env/draw_rate``, ``env/loss_rate`` over all games, and
+    ``env/win_rate/<kind>`` (and draw, loss, ``env/games/<kind>``) per :func:`opponent_kind`.
+    Nothing when no game finished.
+
+    Example:
+        >>> games = [("random", "win"), ("random", "loss"), ("selfplay:4", "draw")]
+        >>> m = game_metrics(games)
+        >>> m["env/win_rate"], m["env/win_rate/random"], m["env/draw_rate/selfplay"]
+        (0.3333333333333333, 0.5, 1.0)
+    """
+    if not games:
+        return {}
+    groups: dict[str, list[str]] = {"": [outcome for _, outcome in games]}
+    for opponent, outcome in games:
+        groups.setdefault("/" + opponent_kind(opponent), []).append(outcome)
+    metrics: dict[str, float] = {}
+    for suffix, outcomes in groups.items():
+        for outcome in OUTCOMES:
+            metrics[f"env/{outcome}_rate{suffix}"] = outcomes.count(outcome) / len(outcomes)
+        if suffix:
+            metrics[f"env/games{suffix}"] = float(len(outcomes))
+    return metrics
+
+
+def gathered_games(process: Any, episodes: Sequence[Any]) -> list[tuple[str | None, str]]:
+    """Every process's :func:`game_records`, in rank order: a run's game metrics are global.
+
+    ``process`` is a :mod:`textgym_agents.distributed` handle (``trainer.process``).
+    """
+    parts = process.gather_bytes(json.dumps(game_records(episodes)).encode())
+    return [(opponent, outcome) for part in parts for opponent, outcome in json.loads(part)]
