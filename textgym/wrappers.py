@@ -22,11 +22,11 @@ from textgym.formatters import Formatter, as_formatter
 from textgym.parsers import ActionParseError, ActionParser, as_parser
 from textgym.references import reference_of
 from textgym.spaces import ChatMessages, UnicodeText
+from textgym.wrapper_options import INVALID_MODES, check_options, json_like, system_prompt_text
 
 __all__ = ["INVALID_MODES", "WRAPPER_OPTIONS", "Messages", "TextEnvWrapper"]
 
 Messages = list[dict[str, str]]
-INVALID_MODES = ("penalize", "default_action", "raise")
 _ERROR_ROOM = 1024  # characters reserved in a user message for the quoted parse error
 
 
@@ -126,10 +126,10 @@ class TextEnvWrapper(gym.Wrapper[Messages, str, ObsType, ActType], gym.utils.Rec
             on_invalid=on_invalid,
             invalid_penalty=invalid_penalty,
             max_invalid=max_invalid,
-            default_action=_json_like(default_action),
+            default_action=json_like(default_action),
             max_reply_chars=max_reply_chars,
             max_observation_chars=max_observation_chars,
-            action_names=_json_like(action_names),
+            action_names=json_like(action_names),
             action_field=action_field,
             action_description=action_description,
             action_mask=action_mask,
@@ -141,7 +141,7 @@ class TextEnvWrapper(gym.Wrapper[Messages, str, ObsType, ActType], gym.utils.Rec
         if not isinstance(env, gym.Env):
             raise TypeError(f"Expected a gymnasium.Env or an env id, got {type(env).__name__}")
         super().__init__(env)
-        _check_options(on_invalid, history, invalid_penalty, max_invalid, max_reply_chars)
+        check_options(on_invalid, history, invalid_penalty, max_invalid, max_reply_chars)
         if not (isinstance(max_observation_chars, int) and max_observation_chars >= 1):
             raise ValueError(f"Expected max_observation_chars >= 1, got {max_observation_chars!r}")
 
@@ -169,7 +169,7 @@ class TextEnvWrapper(gym.Wrapper[Messages, str, ObsType, ActType], gym.utils.Rec
         self.max_reply_chars = max_reply_chars
         self.max_observation_chars = max_observation_chars
         self.default_action = self._resolve_default_action(default_action)
-        self.system_prompt = _system_prompt(system_prompt, env, self.parser.instructions())
+        self.system_prompt = system_prompt_text(system_prompt, env, self.parser.instructions())
 
         content_limit = max(
             len(self.system_prompt), max_observation_chars + _ERROR_ROOM, max_reply_chars
@@ -407,44 +407,3 @@ WRAPPER_OPTIONS = frozenset(inspect.signature(TextEnvWrapper.__init__).parameter
     "env",
     "env_kwargs",
 }
-
-
-def _json_like(value: Any) -> Any:
-    """Tuples as lists and numpy scalars as Python numbers, as they come back from JSON."""
-    if isinstance(value, tuple | list):
-        return [_json_like(v) for v in value]
-    if isinstance(value, Mapping):
-        return {k: _json_like(v) for k, v in value.items()}
-    if isinstance(value, np.generic):
-        return value.item()
-    return value
-
-
-def _check_options(
-    on_invalid: str, history: int, invalid_penalty: float, max_invalid: int, max_reply_chars: int
-) -> None:
-    if on_invalid not in (*INVALID_MODES, "penalise"):
-        raise ValueError(f"Expected on_invalid to be one of {INVALID_MODES}, got {on_invalid!r}")
-    if not (isinstance(history, int) and history >= 0):
-        raise ValueError(f"Expected history to be an int >= 0, got {history!r}")
-    if not invalid_penalty >= 0:
-        raise ValueError(
-            "Expected invalid_penalty >= 0 (it is subtracted from the reward), "
-            f"got {invalid_penalty!r}"
-        )
-    if not (isinstance(max_invalid, int) and max_invalid >= 1):
-        raise ValueError(f"Expected max_invalid to be an int >= 1, got {max_invalid!r}")
-    if not (isinstance(max_reply_chars, int) and max_reply_chars >= 1):
-        raise ValueError(f"Expected max_reply_chars to be an int >= 1, got {max_reply_chars!r}")
-
-
-def _system_prompt(system_prompt: str | None, env: gym.Env[Any, Any], instructions: str) -> str:
-    if system_prompt is None:
-        name = env.spec.id if env.spec is not None else type(env.unwrapped).__name__
-        system_prompt = (
-            f"You are an agent acting in the environment {name}. Each turn you see an "
-            "observation; reply with your next action."
-        )
-    elif not isinstance(system_prompt, str):
-        raise TypeError(f"Expected system_prompt as str, got {type(system_prompt).__name__}")
-    return f"{system_prompt}\n\n{instructions}" if instructions else system_prompt
