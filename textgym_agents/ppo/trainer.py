@@ -27,9 +27,14 @@ from textgym_agents.gradient_checkpointing import enable_gradient_checkpointing
 from textgym_agents.ppo import core
 from textgym_agents.ppo.buffer import RolloutBuffer, Turn
 from textgym_agents.ppo.estimators import assign_critic_free
-from textgym_agents.ppo.groups import GroupRolloutCollector
-from textgym_agents.ppo.rollout import RolloutCollector, as_vector_env
+from textgym_agents.ppo.rollout import as_vector_env
 from textgym_agents.ppo.run import TrainingRun
+from textgym_agents.ppo.setup import (
+    make_collector,
+    make_kl_controller,
+    make_optimizer,
+    scale_learning_rates,
+)
 from textgym_agents.ppo.steps import (
     STEP_STATS,
     VALUE_STATS,
@@ -108,26 +113,9 @@ class PPOTrainer:
         self.envs = TrackedVectorEnv(as_vector_env(envs)) if envs is not None else None
         self.collector = None
         if self.envs is not None:
-            # Process r plays envs seeded after those of processes 0..r-1, like one big vector env.
-            (stride,) = process.max([self.envs.num_envs])
-            seed = process.seed(config.seed, stride)
-            if config.group_size > 1:  # a group never straddles processes: G divides num_envs
-                self.collector = GroupRolloutCollector(
-                    self.envs, seed, config.group_size, anchor_key=anchor_key
-                )
-            else:
-                self.collector = RolloutCollector(self.envs, seed)
-        lora_params, head_params = policy.trainable_parameters()
-        groups = [{"params": lora_params, "lr": config.learning_rate}]
-        if config.uses_critic:  # critic-free: no value loss and no optimizer state for the head
-            groups.append({"params": head_params, "lr": config.value_learning_rate})
-        self.optimizer = torch.optim.AdamW(groups, weight_decay=config.weight_decay)
-        if config.adaptive_kl:
-            self.kl_ctl = core.AdaptiveKLController(
-                config.kl_coef, config.kl_target, config.kl_horizon
-            )
-        else:
-            self.kl_ctl = core.FixedKLController(config.kl_coef)
+            self.collector = make_collector(self.envs, config, process, anchor_key)
+        self.optimizer = make_optimizer(policy, config)
+        self.kl_ctl = make_kl_controller(config)
         self.rng = np.random.default_rng(process.seed(config.seed))
         # The main process's choice (a default name holds the time), so all agree on files.
         output_dir = process.broadcast_text(None if output_dir is None else str(output_dir))
@@ -401,10 +389,7 @@ class PPOTrainer:
         one does. Returns the LoRA learning rate now in use.
         """
         fraction = max(0.0, 1.0 - self.episodes / total_episodes)
-        bases = [self.config.learning_rate, self.config.value_learning_rate]
-        for group, base in zip(self.optimizer.param_groups, bases, strict=False):
-            group["lr"] = base * fraction
-        return float(self.optimizer.param_groups[0]["lr"])
+        return scale_learning_rates(self.optimizer, self.config, fraction)
 
     def step(self) -> dict[str, float]:
         """One iteration: collect a rollout and update on it."""
