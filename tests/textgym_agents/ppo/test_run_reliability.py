@@ -79,12 +79,21 @@ def run(tiny_dir, tmp_path):
     ("damage", "reason"),
     [
         (lambda c: truncate(c / "optimizer.safetensors"), "optimizer.safetensors is 10 bytes"),
-        (
+        pytest.param(
             lambda c: flip_a_byte(c / "adapter" / "adapter_model.safetensors"),
             "adapter/adapter_model.safetensors does not match its SHA-256",
+            marks=pytest.mark.slow,
         ),
-        (lambda c: (c / "trainer_state.json").unlink(), "trainer_state.json is missing"),
-        (lambda c: (c / "checkpoint.json").unlink(), "checkpoint.json is missing"),
+        pytest.param(
+            lambda c: (c / "trainer_state.json").unlink(),
+            "trainer_state.json is missing",
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            lambda c: (c / "checkpoint.json").unlink(),
+            "checkpoint.json is missing",
+            marks=pytest.mark.slow,
+        ),
     ],
     ids=["truncated", "bit-rot", "deleted-file", "no-manifest"],
 )
@@ -148,6 +157,7 @@ policy.learn(gym.make_vec("textgym/Blackjack-v1", 2), 10**6, output_dir=sys.argv
 """
 
 
+@pytest.mark.slow
 def test_a_second_writer_of_a_live_run_is_refused(tiny_dir, tmp_path, capsys):
     run = tmp_path / "run"
     script = tmp_path / "child.py"
@@ -189,6 +199,7 @@ with open(os.path.join(sys.argv[1], "metrics.jsonl"), "a") as f:
 """
 
 
+@pytest.mark.slow
 def test_a_metrics_line_torn_by_kill_9_is_skipped_by_plot_and_repaired_by_resume(
     tiny_dir, run, tmp_path, caplog
 ):
