@@ -158,6 +158,7 @@ class VectorStep:
     truncations: np.ndarray
     infos: dict[str, Any]
     mode: AutoresetMode
+    actions: list[Any]  # what each env was sent (the replies, and the idle envs' actions)
 
     def done(self, i: int) -> bool:
         """Whether env ``i``'s episode ended at this step."""
@@ -210,7 +211,7 @@ def step_envs(
     for i, reply in zip(active, replies, strict=True):
         actions[i] = reply
     observations, rewards, terminations, truncations, infos = envs.step(actions)
-    return VectorStep(tuple(observations), rewards, terminations, truncations, infos, mode)
+    return VectorStep(tuple(observations), rewards, terminations, truncations, infos, mode, actions)
 
 
 class EpisodeTally:

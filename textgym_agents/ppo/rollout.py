@@ -82,9 +82,7 @@ class RolloutCollector:
         seen = [self.observations[i] for i in active]  # type: ignore[index]
         generation = policy.generate(seen, **self._decoding_kwargs(policy, active))
         step = step_envs(self.envs, self.mode, active, generation.texts, idle_actions)
-        actions = list(idle_actions)
         for k, i in enumerate(active):
-            actions[i] = generation.texts[k]
             turn = Turn(
                 prompt_ids=generation.prompt_ids[k],
                 response_ids=generation.response_ids[k],
@@ -109,7 +107,7 @@ class RolloutCollector:
                 self.finished.append(self.tally.close(i, success, turn.truncated, **game))
         self.observations = step.observations
         self.resetting = step.next_resetting(self.resetting)
-        return actions, step.terminations, step.truncations
+        return step.actions, step.terminations, step.truncations
 
     def _annotate(self, turn: Turn, i: int, observation: Any) -> None:
         """Add what a subclass records per turn (env ``i`` answered ``observation``)."""
