@@ -6,18 +6,20 @@ formatters read only the observation planes and the info of :class:`AECSeatEnv`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
-from textgym.envs.pettingzoo_seat import AECSeatEnv
+from textgym.envs.pettingzoo_seat import AECSeatEnv, Opponent
+from textgym.envs.tictactoe_minimax import MinimaxOpponent
 from textgym.extras import require
 from textgym.formatters import Formatter
 from textgym.wrappers import WRAPPER_OPTIONS, TextEnvWrapper
 
 __all__ = [
     "CONNECT_FOUR_COLUMNS",
+    "GAME_OPPONENTS",
     "PETTINGZOO_GAMES",
     "TICTACTOE_CELLS",
     "ConnectFourFormatter",
@@ -160,6 +162,14 @@ PETTINGZOO_GAMES: dict[str, tuple[str, type[_BoardFormatter], tuple[str, ...], s
 }
 
 
+# Opponents a game's id takes by name besides "random", as a factory of the name: each env
+# built gets a fresh one, so the envs of a vector env do not share a player's state.
+GAME_OPPONENTS: dict[str, dict[str, Callable[[str], Opponent]]] = {
+    # "minimax" is perfect play, "minimax:0.3" blunders a random move 30% of the time.
+    "TicTacToe-v0": {"minimax": MinimaxOpponent.from_name},
+}
+
+
 def pettingzoo_text_env(
     game: Any,
     formatter: Any = None,
@@ -213,7 +223,9 @@ def make_pettingzoo_text_env(
 
     Args:
         game: A key of :data:`PETTINGZOO_GAMES`.
-        opponent: Who plays the other seat (see :func:`pettingzoo_text_env`).
+        opponent: Who plays the other seat (see :func:`pettingzoo_text_env`), or the name of
+            one of the game's :data:`GAME_OPPONENTS`: for tic-tac-toe ``"minimax"`` (perfect
+            play) or ``"minimax:<epsilon>"`` (a random move with probability epsilon).
         seat: The agent's seat (see :class:`AECSeatEnv`).
         render_mode: Passed to the PettingZoo game.
         **kwargs: :class:`TextEnvWrapper` options go to the wrapper (``history=2``).
@@ -233,6 +245,15 @@ def make_pettingzoo_text_env(
     if unknown:
         raise TypeError(f"Unknown options for textgym/{game}: {sorted(unknown)}")
     game_id, formatter, names, prompt, _ = PETTINGZOO_GAMES[game]
+    named = GAME_OPPONENTS.get(game, {})
+    if isinstance(opponent, str) and opponent != "random":
+        kind = opponent.partition(":")[0]
+        if kind not in named:
+            raise ValueError(
+                f"Expected opponent of textgym/{game} to be one of {['random', *named]}, an "
+                f"Opponent or a callable, got {opponent!r}"
+            )
+        opponent = named[kind](opponent)
     pettingzoo = require("pettingzoo", "pettingzoo", f"textgym/{game}")
     require("pygame", "pettingzoo", f"textgym/{game}")  # PettingZoo's classic games import it
     defaults = {"system_prompt": prompt, "action_names": names, "action_field": "move"}

@@ -1,0 +1,241 @@
+"""Does RL teach the embedded model tic-tac-toe? Win/draw/loss before and after, in one run.
+
+Trains the embedded SmolLM2-135M-Instruct (LoRA, cold start, choice decoding over the legal
+moves) on ``textgym/TicTacToe-v0`` against ``--train-opponent`` (default ``minimax:0.5``: perfect
+play that makes a random move half the time, so the learner both wins and is punished for not
+blocking; ``random`` and ``minimax`` also work), seats alternating, and scores
+the greedy policy before and after on ``--eval-games`` held-out games against a random
+opponent and against perfect play (``opponent="minimax"``: nobody beats it, the best result is
+a draw). References come from the same seat env in the same run: random vs random, minimax vs
+random, random vs minimax.
+
+    python benchmarks/tictactoe.py --estimator gigpo --group-size 4 --seeds 0 \\
+        --episodes 2000 --eval-games 500 --out runs/tictactoe
+
+A learning curve (results against random and against minimax over ``--curve-games`` games
+each, every ``--eval-every`` training games) and one PNG are written under ``--out``. Each
+seed keeps its run directory: run the same command again after an interruption and it
+resumes. Pin it to one core for comparable timings (``taskset -c 1 env OMP_NUM_THREADS=1 ...``).
+
+Target (issue 22): >= 80% non-losses against random, measurable draws against minimax, within
+about 2 hours on 2 cores. Results: docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+
+import textgym  # noqa: F401  (registers the text envs)
+from textgym.envs.pettingzoo_seat import AECSeatEnv, Opponent, RandomOpponent
+from textgym.envs.tictactoe_minimax import MinimaxOpponent
+from textgym_agents import PPOConfig, PPOPolicy, evaluate
+from textgym_agents.checkpoint import latest_checkpoint
+from textgym_agents.cli.runs import episodes_done
+from textgym_agents.exceptions import SIGTERMExit
+from textgym_agents.ppo.trainer import PPOTrainer
+
+ENV_ID = "textgym/TicTacToe-v0"
+EVAL_SEED = 1_000_000  # held-out: training games are seeded from small config seeds
+OUTCOMES = ("win", "draw", "loss")
+OPPONENTS = {"random": RandomOpponent, "minimax": MinimaxOpponent}
+
+
+def tally(outcomes: list[str]) -> dict[str, float]:
+    """Win/draw/loss rates of ``outcomes``, the non-loss rate and its standard error."""
+    counts = Counter(outcomes)
+    n = len(outcomes)
+    rates = {k: counts[k] / n for k in OUTCOMES}
+    non_loss = 1.0 - rates["loss"]
+    se = math.sqrt(non_loss * rates["loss"] / n)
+    return {**rates, "non_loss": non_loss, "non_loss_se": se, "games": n}
+
+
+def reference(player: Opponent, opponent: str, games: int) -> dict[str, float]:
+    """A scripted player's results on the seat env (seats alternating), no text involved."""
+    import pettingzoo
+
+    env = AECSeatEnv(pettingzoo.make("aec", "classic/tictactoe_v3"), OPPONENTS[opponent]())
+    outcomes = []
+    for game in range(games):
+        obs, info = env.reset(seed=EVAL_SEED + game)
+        player.reset(seed=EVAL_SEED + games + game)
+        done = False
+        while not done:
+            obs, _, terminated, truncated, info = env.step(player.act(obs, info))
+            done = terminated or truncated
+        outcomes.append(info["outcome"])
+    return tally(outcomes)
+
+
+def score(policy: PPOPolicy, opponent: str, games: int) -> dict[str, float]:
+    """The greedy policy's results over ``games`` held-out games against ``opponent``."""
+    result = evaluate(policy, gym.make(ENV_ID, opponent=opponent), games, seed=EVAL_SEED)
+    found = tally([episode.outcome for episode in result.episodes])
+    found["invalid_rate"] = float(result.invalid_rate)
+    return found
+
+
+def run_cell(args: argparse.Namespace, seed: int) -> dict[str, Any]:
+    """Train one seed (resuming if it has a checkpoint) and return its result."""
+    cell = Path(args.out) / f"{args.estimator}-seed{seed}"
+    result_file = cell / "result.json"
+    if result_file.exists():
+        return json.loads(result_file.read_text())
+    envs = gym.make_vec(ENV_ID, num_envs=args.num_envs, opponent=args.train_opponent)
+    given: dict[str, Any] = {"seed": seed, "advantage_estimator": args.estimator}
+    if args.estimator != "gae":
+        given["group_size"] = args.group_size
+    given.update(json.loads(args.settings))
+    config = PPOConfig.for_env(envs, **given, progress=False)
+    policy = PPOPolicy.from_pretrained(args.model, config=config)
+    cell.mkdir(parents=True, exist_ok=True)
+    start_file = cell / "start.json"
+    if not start_file.exists():
+        before = {name: score(policy, name, args.eval_games) for name in OPPONENTS}
+        start_file.write_text(json.dumps(before))
+    curve_file = cell / "curve.jsonl"
+    points = curve_file.read_text().splitlines() if curve_file.exists() else []
+    next_eval = [json.loads(points[-1])["episodes"] if points else 0]
+    eval_seconds = [0.0]
+
+    def callback(metrics: dict[str, float]) -> None:
+        done = int(metrics["env/episodes"])
+        if done < next_eval[0] + args.eval_every:
+            return
+        next_eval[0] = done
+        started = time.perf_counter()
+        found = {name: score(policy, name, args.curve_games) for name in OPPONENTS}
+        eval_seconds[0] += time.perf_counter() - started
+        with curve_file.open("a") as out:
+            out.write(json.dumps({"episodes": done, **found}) + "\n")
+        for name, value in found.items():
+            print(f"  seed {seed}: {done} games, vs {name} {_fmt(value)}", flush=True)
+
+    resume = latest_checkpoint(cell / "run") if (cell / "run").exists() else None
+    episodes_before = episodes_done(resume) if resume is not None else 0
+    trainer = PPOTrainer(policy, envs, output_dir=cell / "run")
+    started = time.perf_counter()
+    metrics = trainer.train(args.episodes, resume_from=resume, callback=callback)
+    seconds = time.perf_counter() - started - eval_seconds[0]
+    envs.close()
+    after = {name: score(policy, name, args.eval_games) for name in OPPONENTS}
+    result = {
+        "seed": seed,
+        "estimator": args.estimator,
+        "train_opponent": args.train_opponent,
+        "episodes": int(metrics["env/episodes"]),
+        "before": json.loads(start_file.read_text()),
+        "after": after,
+        "train_seconds_last_session": seconds,
+        "games_per_s": (int(metrics["env/episodes"]) - episodes_before) / max(seconds, 1e-9),
+        "settings": config.to_dict(),
+    }
+    result_file.write_text(json.dumps(result, indent=2))
+    return result
+
+
+def plot(out: Path, references: dict[str, dict[str, float]]) -> Path | None:
+    """Non-losses against random (solid) and against minimax (dotted) per seed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    drawn = False
+    for k, curve_file in enumerate(sorted(out.glob("*-seed*/curve.jsonl"))):
+        start = json.loads((curve_file.parent / "start.json").read_text())
+        rows = [json.loads(line) for line in curve_file.read_text().splitlines()]
+        x = [0] + [row["episodes"] for row in rows]
+        for name, style in (("random", "-"), ("minimax", ":")):
+            y = [start[name]["non_loss"]] + [row[name]["non_loss"] for row in rows]
+            label = f"{curve_file.parent.name} vs {name}"
+            ax.plot(x, y, style, color=f"C{k}", label=label)
+        drawn = True
+    if not drawn:
+        plt.close(fig)
+        return None
+    for name in ("random vs random", "minimax vs random"):
+        value = references[name]["non_loss"]
+        ax.axhline(value, linestyle="--", color="grey", linewidth=0.8)
+        ax.annotate(name, (0, value), fontsize=7, color="grey")
+    ax.set(xlabel="training games", ylabel="non-losses (greedy)", title="tic-tac-toe")
+    ax.legend()
+    path = out / "tictactoe.png"
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def _fmt(found: dict[str, float]) -> str:
+    return (
+        f"W {found['win']:.1%} D {found['draw']:.1%} L {found['loss']:.1%} "
+        f"(non-losses {found['non_loss']:.1%} ± {found['non_loss_se']:.1%})"
+    )
+
+
+def main() -> None:
+    """Parse the flags, compute the references, run (or read back) each seed, print the table."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--estimator", default="gigpo")
+    parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--seeds", default="0")
+    parser.add_argument("--episodes", type=int, default=2000, help="training games per seed")
+    parser.add_argument("--eval-games", type=int, default=500, help="held-out games per opponent")
+    parser.add_argument("--eval-every", type=int, default=500, help="games between curve points")
+    parser.add_argument("--curve-games", type=int, default=64, help="games per opponent per point")
+    parser.add_argument("--train-opponent", default="minimax:0.5", help="random, minimax[:eps]")
+    parser.add_argument("--num-envs", type=int, default=16)
+    parser.add_argument("--model", default=None, help="default: the embedded model")
+    parser.add_argument("--settings", default="{}", help="JSON of extra PPOConfig settings")
+    parser.add_argument("--out", default="runs/tictactoe")
+    args = parser.parse_args()
+    out = Path(args.out)
+    references = {
+        "random vs random": reference(RandomOpponent(), "random", args.eval_games),
+        "minimax vs random": reference(MinimaxOpponent(), "random", args.eval_games),
+        "random vs minimax": reference(RandomOpponent(), "minimax", args.eval_games),
+    }
+    try:
+        results = [run_cell(args, int(seed)) for seed in args.seeds.split(",")]
+    except (KeyboardInterrupt, SIGTERMExit):  # the trainer saved a checkpoint
+        print("Stopped; run the same command again to resume the unfinished seed.")
+        raise SystemExit(130) from None
+    print(f"\ntic-tac-toe, {args.eval_games} held-out games per row, seats alternating")
+    print("| player | opponent | win | draw | loss | non-losses ± s.e. |")
+    print("|---|---|---|---|---|---|")
+    for name, found in references.items():
+        player, opponent = name.split(" vs ")
+        print(f"| {player} (reference) | {opponent} | {_row(found)} |")
+    for result in results:
+        for when in ("before", "after"):
+            for opponent, found in result[when].items():
+                label = f"model {when} ({result['estimator']}, seed {result['seed']})"
+                print(f"| {label} | {opponent} | {_row(found)} |")
+        print(
+            f"| seed {result['seed']}: {result['episodes']} training games against "
+            f"{result['train_opponent']}, "
+            f"{result['games_per_s']:.2f} games/s | | | | | |"
+        )
+    path = plot(out, references)
+    if path is not None:
+        print(f"Curve: {path}")
+
+
+def _row(found: dict[str, float]) -> str:
+    return (
+        f"{found['win']:.1%} | {found['draw']:.1%} | {found['loss']:.1%} | "
+        f"{found['non_loss']:.1%} ± {found['non_loss_se']:.1%}"
+    )
+
+
+if __name__ == "__main__":
+    main()
