@@ -156,11 +156,24 @@ class ActionMasking:
         return str(int(action))
 
     def _actions_of(self, choices: list[str] | None) -> list[int] | None:
+        """The action of each choice; a choice the parser cannot read back is an error.
+
+        Masking the choices needs their actions: rather than offer every choice (illegal ones
+        too) without a word, a parser whose own choices do not parse to actions is refused on
+        the first reset, before any episode is played.
+        """
         if self._choice_actions is False:
             self._choice_actions = None
             if choices is not None:
-                try:
-                    self._choice_actions = [int(self.parser.parse(c)) for c in choices]
-                except (ActionParseError, TypeError, ValueError):
-                    self._choice_actions = None
+                actions = []
+                for choice in choices:
+                    try:
+                        actions.append(int(self.parser.parse(choice)))
+                    except (ActionParseError, TypeError, ValueError) as e:
+                        raise ValueError(
+                            f"action_mask=True needs the parser's choices to parse to actions, "
+                            f"but {type(self.parser).__name__} could not read its choice "
+                            f"{choice!r} back: {e}"
+                        ) from e
+                self._choice_actions = actions
         return self._choice_actions  # type: ignore[return-value]

@@ -35,6 +35,7 @@ from textgym_agents.exceptions import CheckpointError
 from textgym_agents.integrity import file_listing, find_damage
 
 __all__ = [
+    "check_intact",
     "checkpoint_damage",
     "default_run_dir",
     "discard_checkpoints_after",
@@ -382,10 +383,29 @@ def discard_checkpoints_after(run_dir: str | os.PathLike[str], step: int) -> lis
     return removed
 
 
+def check_intact(path: str | os.PathLike[str]) -> None:
+    """Raise :class:`CheckpointError` naming the file and the reason if ``path`` is damaged.
+
+    Example:
+        >>> check_intact("no/such/checkpoint")
+        Traceback (most recent call last):
+        ...
+        textgym_agents.exceptions.CheckpointError: Checkpoint no/such/checkpoint is damaged: ...
+    """
+    problem = checkpoint_damage(path)
+    if problem is not None:
+        raise CheckpointError(f"Checkpoint {path} is damaged: {problem}")
+
+
 def load_checkpoint(
-    path: str | os.PathLike[str],
+    path: str | os.PathLike[str], *, verified: bool = False
 ) -> tuple[dict[str, dict[str, torch.Tensor]], dict[str, Any]]:
     """Read the tensors and JSON files listed in a checkpoint's manifest (extras are not read).
+
+    Args:
+        path: The checkpoint directory.
+        verified: The caller has just checked every file against the manifest
+            (:func:`check_intact`): do not hash them again.
 
     Raises:
         FileNotFoundError: ``path`` has no manifest (it is not a checkpoint).
@@ -394,9 +414,8 @@ def load_checkpoint(
     path = Path(path)
     if not (path / MANIFEST).is_file():
         raise FileNotFoundError(f"{path} is not a complete checkpoint: {MANIFEST} is missing")
-    problem = checkpoint_damage(path)
-    if problem is not None:
-        raise CheckpointError(f"Checkpoint {path} is damaged: {problem}")
+    if not verified:
+        check_intact(path)
     manifest, _ = _read_manifest(path)
     assert manifest is not None  # checked above
     try:

@@ -134,6 +134,21 @@ def test_bad_setups_are_refused_with_the_fix():
         masking.update(0, {"action_mask": np.ones(4)})
 
 
+class ListsUnreadableChoices(JSONActionParser):
+    """A broken parser: it offers a choice it cannot parse back."""
+
+    def choices(self):
+        return [*super().choices(), "pass"]
+
+
+def test_a_parser_whose_choices_do_not_parse_back_is_refused_before_any_episode():
+    space = spaces.Discrete(3)
+    masking = ActionMasking(space, ListsUnreadableChoices.from_space(space))
+    masking.update(0, {"action_mask": np.array([1, 0, 1], dtype=np.int8)})
+    with pytest.raises(ValueError, match="could not read its choice 'pass' back"):
+        masking.choices()  # not every choice, illegal ones included, without a word
+
+
 def test_vector_envs_list_each_envs_legal_replies_of_its_own_state():
     envs = gym.vector.SyncVectorEnv([lambda: taxi(action_mask=True) for _ in range(3)])
     _, infos = envs.reset(seed=[0, 1, 2])

@@ -22,7 +22,7 @@ from peft.utils import load_peft_weights
 from textgym_agents.atomic import load_tensors
 from textgym_agents.checkpoint import (
     MANIFEST,
-    checkpoint_damage,
+    check_intact,
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
@@ -31,7 +31,7 @@ from textgym_agents.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from textgym_agents.exceptions import CheckpointError, CheckpointWriteError
+from textgym_agents.exceptions import CheckpointWriteError
 from textgym_agents.ppo.tracked import restore_rollout
 
 if TYPE_CHECKING:
@@ -53,9 +53,7 @@ def find_checkpoint(path: str | Path) -> Path:
     """
     path = Path(path)
     if (path / "trainer_state.json").is_file() or (path / MANIFEST).is_file():
-        problem = checkpoint_damage(path)
-        if problem is not None:
-            raise CheckpointError(f"Checkpoint {path} is damaged: {problem}")
+        check_intact(path)
         return path
     found = latest_checkpoint(path)
     if found is None:
@@ -123,8 +121,8 @@ def restore_checkpoint(trainer: PPOTrainer, process: Distributed, path: str | Pa
     env state (process R > 0 from ``rng_rankR`` / ``rankR``).
     """
     policy = trainer.policy
-    checkpoint = find_checkpoint(path)
-    tensors, files = load_checkpoint(checkpoint)
+    checkpoint = find_checkpoint(path)  # verified: every listed file against its hash
+    tensors, files = load_checkpoint(checkpoint, verified=True)
     adapter = load_peft_weights(str(checkpoint / "adapter"), device=str(policy.device))
     set_peft_model_state_dict(policy.model, adapter)
     policy.value_head.load_state_dict(load_tensors(checkpoint / "value_head.safetensors"))
