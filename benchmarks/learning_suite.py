@@ -40,9 +40,11 @@ from textgym_agents.ppo.trainer import PPOTrainer
 try:
     import blackjack_exact
     from blackjack_learning import greedy_table
+    from curve_points import CurvePoints
 except ImportError:  # imported as benchmarks.learning_suite
     from benchmarks import blackjack_exact
     from benchmarks.blackjack_learning import greedy_table
+    from benchmarks.curve_points import CurvePoints
 
 LAST_TABLE: list[str] = []  # Blackjack: the greedy reply (H/S) in each state of the last score
 EVAL_SEED = 1_000_000  # held-out: training seeds are derived from small config seeds
@@ -129,35 +131,28 @@ def run_cell(args: argparse.Namespace, env_name: str, estimator: str, seed: int)
         start_file.write_text(json.dumps(score(policy, env_name, args.eval_episodes)))
     before_data = json.loads(start_file.read_text())
     trainer = PPOTrainer(policy, envs, output_dir=cell / "run")
-    points = curve_file.read_text().splitlines() if curve_file.exists() else []
-    eval_seconds = [0.0]
-    next_eval = [json.loads(points[-1])["episodes"] if points else 0]
 
-    def callback(metrics: dict[str, float]) -> None:
-        done = int(metrics["env/episodes"])
-        if done < next_eval[0] + args.eval_every:
-            return
-        next_eval[0] = done
-        eval_start = time.perf_counter()
+    def measure() -> dict[str, Any]:
         found = score(policy, env_name, args.eval_episodes)
-        eval_seconds[0] += time.perf_counter() - eval_start
-        with curve_file.open("a") as out:
-            row = {"episodes": done, **found}
-            if env_name == "blackjack":  # which of the 280 states it hits in, in states() order
-                row["hits"] = "".join(LAST_TABLE)
-            out.write(json.dumps(row) + "\n")
+        if env_name == "blackjack":  # which of the 280 states it hits in, in states() order
+            found["hits"] = "".join(LAST_TABLE)
+        return found
+
+    def report(done: int, found: dict[str, Any]) -> None:
         success = f", success {found['success']:.1%}" if "success" in found else ""
         print(
             f"  {env_name} {estimator} seed {seed}: {done} episodes, "
             f"greedy {found['return']:.4f}{success}"
         )
 
+    curve = CurvePoints(curve_file, args.eval_every, measure, report)
+
     resume = latest_checkpoint(cell / "run") if (cell / "run").exists() else None
     episodes_before = episodes_done(resume) if resume is not None else 0
     started = time.perf_counter()
-    metrics = trainer.train(args.episodes, resume_from=resume, callback=callback)
+    metrics = trainer.train(args.episodes, resume_from=resume, callback=curve)
     seconds = time.perf_counter() - started  # training only (the evaluations excluded)
-    seconds -= eval_seconds[0]
+    seconds -= curve.seconds
     envs.close()
     after = score(policy, env_name, args.eval_episodes)
     result = {

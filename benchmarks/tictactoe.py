@@ -34,13 +34,18 @@ from typing import Any
 import gymnasium as gym
 
 import textgym  # noqa: F401  (registers the text envs)
-from textgym.envs.pettingzoo_seat import AECSeatEnv, Opponent, RandomOpponent
+from textgym.envs.pettingzoo_seat import AECSeatEnv, Opponent, RandomOpponent, play_games
 from textgym.envs.tictactoe_minimax import MinimaxOpponent
 from textgym_agents import PPOConfig, PPOPolicy, evaluate
 from textgym_agents.checkpoint import latest_checkpoint
 from textgym_agents.cli.runs import episodes_done
 from textgym_agents.exceptions import SIGTERMExit
 from textgym_agents.ppo.trainer import PPOTrainer
+
+try:
+    from curve_points import CurvePoints
+except ImportError:  # imported as benchmarks.tictactoe
+    from benchmarks.curve_points import CurvePoints
 
 ENV_ID = "textgym/TicTacToe-v0"
 EVAL_SEED = 1_000_000  # held-out: training games are seeded from small config seeds
@@ -63,16 +68,7 @@ def reference(player: Opponent, opponent: str, games: int) -> dict[str, float]:
     import pettingzoo
 
     env = AECSeatEnv(pettingzoo.make("aec", "classic/tictactoe_v3"), OPPONENTS[opponent]())
-    outcomes = []
-    for game in range(games):
-        obs, info = env.reset(seed=EVAL_SEED + game)
-        player.reset(seed=EVAL_SEED + games + game)
-        done = False
-        while not done:
-            obs, _, terminated, truncated, info = env.step(player.act(obs, info))
-            done = terminated or truncated
-        outcomes.append(info["outcome"])
-    return tally(outcomes)
+    return tally(play_games(env, player, games, seed=EVAL_SEED))
 
 
 def score(policy: PPOPolicy, opponent: str, games: int) -> dict[str, float]:
@@ -101,30 +97,24 @@ def run_cell(args: argparse.Namespace, seed: int) -> dict[str, Any]:
     if not start_file.exists():
         before = {name: score(policy, name, args.eval_games) for name in OPPONENTS}
         start_file.write_text(json.dumps(before))
-    curve_file = cell / "curve.jsonl"
-    points = curve_file.read_text().splitlines() if curve_file.exists() else []
-    next_eval = [json.loads(points[-1])["episodes"] if points else 0]
-    eval_seconds = [0.0]
 
-    def callback(metrics: dict[str, float]) -> None:
-        done = int(metrics["env/episodes"])
-        if done < next_eval[0] + args.eval_every:
-            return
-        next_eval[0] = done
-        started = time.perf_counter()
-        found = {name: score(policy, name, args.curve_games) for name in OPPONENTS}
-        eval_seconds[0] += time.perf_counter() - started
-        with curve_file.open("a") as out:
-            out.write(json.dumps({"episodes": done, **found}) + "\n")
+    def report(done: int, found: dict[str, Any]) -> None:
         for name, value in found.items():
             print(f"  seed {seed}: {done} games, vs {name} {_fmt(value)}", flush=True)
+
+    curve = CurvePoints(
+        cell / "curve.jsonl",
+        args.eval_every,
+        lambda: {name: score(policy, name, args.curve_games) for name in OPPONENTS},
+        report,
+    )
 
     resume = latest_checkpoint(cell / "run") if (cell / "run").exists() else None
     episodes_before = episodes_done(resume) if resume is not None else 0
     trainer = PPOTrainer(policy, envs, output_dir=cell / "run")
     started = time.perf_counter()
-    metrics = trainer.train(args.episodes, resume_from=resume, callback=callback)
-    seconds = time.perf_counter() - started - eval_seconds[0]
+    metrics = trainer.train(args.episodes, resume_from=resume, callback=curve)
+    seconds = time.perf_counter() - started - curve.seconds
     envs.close()
     after = {name: score(policy, name, args.eval_games) for name in OPPONENTS}
     result = {

@@ -22,6 +22,7 @@ __all__ = [
     "ScriptedOpponent",
     "TextOpponent",
     "as_opponent",
+    "play_games",
 ]
 
 SEAT_MODES = ("alternate", "random")
@@ -363,3 +364,29 @@ class AECSeatEnv(gym.Env[Any, Any]):
                 f"Expected seat to be one of {SEAT_MODES}, a seat index 0..{n - 1} or one of "
                 f"{self.agents}, got {seat!r}"
             )
+
+
+def play_games(env: AECSeatEnv, player: Opponent, games: int, *, seed: int = 0) -> list[str]:
+    """``player`` takes the agent's seat of ``env`` for ``games`` games; their outcomes.
+
+    Game ``g`` resets the env with seed ``seed + g`` and the player with ``seed + games + g``;
+    with ``seat="alternate"`` the player moves first in every other game. No text involved:
+    this is how scripted players' reference results are computed.
+
+    Example:
+        >>> import pettingzoo
+        >>> env = AECSeatEnv(pettingzoo.make("aec", "classic/tictactoe_v3"), "random")
+        >>> outcomes = play_games(env, RandomOpponent(), 50)
+        >>> len(outcomes), set(outcomes) <= {"win", "draw", "loss"}
+        (50, True)
+    """
+    outcomes = []
+    for game in range(games):
+        obs, info = env.reset(seed=seed + game)
+        player.reset(seed=seed + games + game)
+        done = False
+        while not done:
+            obs, _, terminated, truncated, info = env.step(player.act(obs, info))
+            done = terminated or truncated
+        outcomes.append(info["outcome"])
+    return outcomes

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import textgym  # noqa: F401
-from textgym.envs.pettingzoo_seat import AECSeatEnv, Opponent, RandomOpponent
+from textgym.envs.pettingzoo_seat import AECSeatEnv, Opponent, RandomOpponent, play_games
 from textgym.envs.pettingzoo_text import TICTACTOE_CELLS
 from textgym.envs.tictactoe_minimax import (
     LINES,
@@ -69,16 +69,7 @@ def test_best_moves_are_the_moves_of_best_value_and_a_finished_game_has_none():
 
 def games(player, opponent, n, seed=0):
     env = AECSeatEnv(pettingzoo.make("aec", "classic/tictactoe_v3"), opponent)
-    outcomes = []
-    for game in range(n):
-        obs, info = env.reset(seed=seed + game)
-        player.reset(seed=seed + n + game)
-        done = False
-        while not done:
-            obs, _, terminated, truncated, info = env.step(player.act(obs, info))
-            done = terminated or truncated
-        outcomes.append(info["outcome"])
-    return outcomes
+    return play_games(env, player, n, seed=seed)
 
 
 def test_perfect_play_never_loses_from_either_seat_and_draws_itself():

@@ -1,0 +1,68 @@
+"""A training callback that scores the policy every so many episodes: a learning curve on disk.
+
+Used by ``learning_suite.py`` and ``tictactoe.py``. Each point is one JSON line
+(``{"episodes": N, ...}``) appended to a file, so an interrupted run that resumes from its
+checkpoint continues the same curve from its last point.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+class CurvePoints:
+    """Call ``measure()`` once at least ``every`` training episodes passed since the last point.
+
+    Args:
+        path: The JSON-lines file of the points (read back to continue a resumed curve).
+        every: Training episodes between points.
+        measure: Scores the policy now; returns the point's fields.
+        report: Called with the episodes done and the point (to print it), if given.
+
+    Attributes:
+        seconds: Time spent in ``measure`` (to leave the evaluations out of training speed).
+
+    Example:
+        >>> import tempfile
+        >>> path = Path(tempfile.mkdtemp()) / "curve.jsonl"
+        >>> points = CurvePoints(path, 10, lambda: {"return": 1.0})
+        >>> for done in (4, 12, 16, 25):
+        ...     points({"env/episodes": done})
+        >>> [json.loads(line)["episodes"] for line in path.read_text().splitlines()]
+        [12, 25]
+        >>> CurvePoints(path, 10, lambda: {}).last  # a resumed run continues from here
+        25
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        every: int,
+        measure: Callable[[], dict[str, Any]],
+        report: Callable[[int, dict[str, Any]], None] | None = None,
+    ) -> None:
+        self.path = Path(path)
+        self.every = every
+        self.measure = measure
+        self.report = report
+        self.seconds = 0.0
+        lines = self.path.read_text().splitlines() if self.path.exists() else []
+        self.last = json.loads(lines[-1])["episodes"] if lines else 0
+
+    def __call__(self, metrics: dict[str, float]) -> None:
+        """The trainer's callback: score the policy if a point is due."""
+        done = int(metrics["env/episodes"])
+        if done < self.last + self.every:
+            return
+        self.last = done
+        started = time.perf_counter()
+        found = self.measure()
+        self.seconds += time.perf_counter() - started
+        with self.path.open("a") as out:
+            out.write(json.dumps({"episodes": done, **found}) + "\n")
+        if self.report is not None:
+            self.report(done, found)
