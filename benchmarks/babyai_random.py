@@ -1,24 +1,29 @@
-"""Random-policy baseline of the BabyAI text envs: success rate per id with its standard error.
+"""Random-policy and BabyAI-bot baselines of the BabyAI text envs: success rate with its s.e.
 
-The policy replies with one of the env's valid replies (``reply_choices``) uniformly at random,
-through the text env (so the replies are parsed exactly as a model's would be). Episode ``i``
-of an id resets with seed ``--seed + i``. Needs the minigrid extra; no model.
+The random policy replies with one of the env's valid replies (``reply_choices``) uniformly at
+random; the bot is minigrid's scripted ``BabyAIBot`` (it reads the level's full state, so it is
+the scripted optimum a text policy can only approach), its action sent as the action's name.
+Both play through the text env, so replies are parsed exactly as a model's would be. Episode
+``i`` of an id resets with seed ``--seed + i``. Needs the minigrid extra; no model.
 
     .venv/bin/python benchmarks/babyai_random.py              # 500 episodes per id
     .venv/bin/python benchmarks/babyai_random.py --episodes 200 --ids textgym/BabyAI-GoToLocal-v0
+    .venv/bin/python benchmarks/babyai_random.py --bot        # the bot's rows too
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import random
 import time
+from typing import Any
 
 import gymnasium as gym
 
 import textgym
-from textgym.envs.minigrid_text import BABYAI_LEVELS
+from textgym.envs.minigrid_text import ACTION_NAMES, BABYAI_LEVELS
 from textgym.evaluation import evaluate_callable
 
 
@@ -44,22 +49,64 @@ def baseline(env_id: str, episodes: int, seed: int) -> dict[str, float]:
     }
 
 
+def bot_baseline(env_id: str, episodes: int, seed: int, **kwargs: Any) -> dict[str, float]:
+    """minigrid's ``BabyAIBot`` on episodes ``seed`` .. ``seed + episodes - 1`` of ``env_id``.
+
+    The bot is built on each reset level and asked for its next action every step
+    (``replan``); a suggestion the text env does not offer (``done`` where the level does not
+    take it) ends the episode as it stands.
+    """
+    from minigrid.utils.baby_ai_bot import BabyAIBot
+
+    env = gym.make(env_id, **kwargs)
+    names = textgym.checker.find_text_wrapper(env).parser.schema.names
+    start = time.perf_counter()
+    successes, returns, lengths = [], [], []
+    for episode in range(episodes):
+        env.reset(seed=seed + episode)
+        bot = BabyAIBot(env.unwrapped)
+        total, length, done, info = 0.0, 0, False, {}
+        while not done:
+            name = ACTION_NAMES[int(bot.replan())]
+            if name not in names:
+                break
+            _, reward, terminated, truncated, info = env.step(json.dumps({"action": name}))
+            total, length = total + float(reward), length + 1
+            done = terminated or truncated
+        successes.append(bool(info.get("is_success", False)))
+        returns.append(total)
+        lengths.append(length)
+    env.close()
+    p = sum(successes) / episodes
+    return {
+        "success": p,
+        "se": math.sqrt(p * (1 - p) / episodes),
+        "return": sum(returns) / episodes,
+        "length": sum(lengths) / episodes,
+        "seconds": time.perf_counter() - start,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--episodes", type=int, default=500)
     parser.add_argument("--seed", type=int, default=1000, help="seed of the first episode")
     parser.add_argument("--ids", nargs="*", default=[f"textgym/{name}" for name in BABYAI_LEVELS])
+    parser.add_argument("--bot", action="store_true", help="add the BabyAI bot's rows")
     args = parser.parse_args()
-    print(f"random policy, {args.episodes} episodes per id, seeds {args.seed}..")
-    print("| id | success | s.e. | mean return | mean length | seconds |")
-    print("|---|---|---|---|---|---|")
+    print(f"{args.episodes} episodes per id, seeds {args.seed}..")
+    print("| id | policy | success | s.e. | mean return | mean length | seconds |")
+    print("|---|---|---|---|---|---|---|")
     for env_id in args.ids:
-        row = baseline(env_id, args.episodes, args.seed)
-        print(
-            f"| `{env_id}` | {row['success']:.1%} | {row['se']:.1%} | {row['return']:.3f} "
-            f"| {row['length']:.1f} | {row['seconds']:.1f} |",
-            flush=True,
-        )
+        rows = {"random": baseline(env_id, args.episodes, args.seed)}
+        if args.bot:
+            rows["BabyAI bot"] = bot_baseline(env_id, args.episodes, args.seed)
+        for policy, row in rows.items():
+            print(
+                f"| `{env_id}` | {policy} | {row['success']:.1%} | {row['se']:.1%} "
+                f"| {row['return']:.3f} | {row['length']:.1f} | {row['seconds']:.1f} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

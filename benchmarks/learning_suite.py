@@ -4,9 +4,10 @@ Each cell (env, estimator, seed) trains the embedded SmolLM2-135M-Instruct (LoRA
 demonstrations) with ``textgym train``'s per-env defaults and only the estimator changed, and
 scores the greedy policy before, during (``--eval-every`` episodes: the learning curve) and
 after training: exactly on Blackjack (``blackjack_exact``: the greedy policy is a table over
-280 states), else on ``--eval-episodes`` held-out episodes (seeds no training episode uses),
-with the standard error. It prints, per env, random and optimal references and each
-estimator's mean over seeds, and writes one PNG per env with every estimator's curve.
+280 states), else on ``--eval-episodes`` held-out episodes (seeds no training episode uses;
+``--curve-episodes`` for the points in between), with the standard error. It prints, per env,
+random and optimal references and each estimator's mean over seeds, and writes one PNG per
+env with every estimator's curve.
 
     python benchmarks/learning_suite.py --envs blackjack --estimators gae,gigpo --seeds 0,1 \\
         --episodes 2000 --out runs/suite
@@ -39,10 +40,12 @@ from textgym_agents.ppo.trainer import PPOTrainer
 
 try:
     import blackjack_exact
+    from babyai_random import bot_baseline
     from blackjack_learning import greedy_table
     from curve_points import CurvePoints
 except ImportError:  # imported as benchmarks.learning_suite
     from benchmarks import blackjack_exact
+    from benchmarks.babyai_random import bot_baseline
     from benchmarks.blackjack_learning import greedy_table
     from benchmarks.curve_points import CurvePoints
 
@@ -58,8 +61,16 @@ ENVS: dict[str, dict[str, Any]] = {
     },
     "cliffwalking": {"id": "textgym/CliffWalking-v1", "kwargs": {}, "optimal": -13.0},
     "calculator": {"id": "textgym/Calculator-v0", "kwargs": {}, "optimal": None},
-    # BabyAI-Text (GLAM's benchmark): success is reaching the red ball within 64 steps.
-    "babyai-gotoredball": {"id": "textgym/BabyAI-GoToRedBall-v0", "kwargs": {}, "optimal": None},
+    # BabyAI-Text (GLAM's benchmark): success is facing the red ball within the level's 64
+    # steps (scored so). Training episodes stop after 16 steps: the bot needs 4.6 on average,
+    # a cold-start policy's failures would otherwise cost 64 model turns each. "optimal" is
+    # minigrid's BabyAI bot, played on the held-out episodes in the same run.
+    "babyai-gotoredball": {
+        "id": "textgym/BabyAI-GoToRedBall-v0",
+        "kwargs": {},
+        "train_kwargs": {"max_steps": 16},
+        "optimal": "bot",
+    },
 }
 
 
@@ -117,7 +128,8 @@ def run_cell(args: argparse.Namespace, env_name: str, estimator: str, seed: int)
     if result_file.exists():
         return json.loads(result_file.read_text())
     spec = ENVS[env_name]
-    envs = gym.make_vec(spec["id"], num_envs=args.num_envs, **spec["kwargs"])
+    train_kwargs = {**spec["kwargs"], **spec.get("train_kwargs", {})}
+    envs = gym.make_vec(spec["id"], num_envs=args.num_envs, **train_kwargs)
     given: dict[str, Any] = {"seed": seed, "advantage_estimator": estimator}
     if estimator != "gae":
         given["group_size"] = args.group_size
@@ -133,7 +145,7 @@ def run_cell(args: argparse.Namespace, env_name: str, estimator: str, seed: int)
     trainer = PPOTrainer(policy, envs, output_dir=cell / "run")
 
     def measure() -> dict[str, Any]:
-        found = score(policy, env_name, args.eval_episodes)
+        found = score(policy, env_name, args.curve_episodes or args.eval_episodes)
         if env_name == "blackjack":  # which of the 280 states it hits in, in states() order
             found["hits"] = "".join(LAST_TABLE)
         return found
@@ -235,6 +247,9 @@ def _main() -> None:
     parser.add_argument("--episodes", type=int, default=2000, help="training episodes per cell")
     parser.add_argument("--eval-every", type=int, default=500, help="episodes between evals")
     parser.add_argument("--eval-episodes", type=int, default=200, help="held-out episodes")
+    parser.add_argument(
+        "--curve-episodes", type=int, default=None, help="per curve point (default: as --eval)"
+    )
     parser.add_argument("--num-envs", type=int, default=16)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--model", default=None, help="default: the embedded model")
@@ -251,8 +266,17 @@ def _main() -> None:
         ]
         random_ref = random_reference(env_name, args.eval_episodes)
         reference = {"random": random_ref["return"] if random_ref else None}
-        reference["optimal"] = ENVS[env_name]["optimal"]
-        print(f"\n{env_name}: random {_fmt(random_ref)}, optimal {reference['optimal']}")
+        optimal = ENVS[env_name]["optimal"]
+        if optimal == "bot":
+            bot = bot_baseline(ENVS[env_name]["id"], args.eval_episodes, EVAL_SEED)
+            reference["optimal"] = bot["return"]
+            optimal = (
+                f"(BabyAI bot) {bot['return']:.4f}, success {bot['success']:.1%} "
+                f"(se {bot['se']:.1%}), {bot['length']:.1f} steps"
+            )
+        else:
+            reference["optimal"] = optimal
+        print(f"\n{env_name}: random {_fmt(random_ref)}, optimal {optimal}")
         print("| estimator | seeds | greedy before | greedy after (mean ± spread) | hands/s |")
         print("|---|---|---|---|---|")
         by_estimator: dict[str, list[dict[str, Any]]] = {}

@@ -11,8 +11,8 @@ import pytest
 SUITE = Path(__file__).resolve().parents[2] / "benchmarks" / "learning_suite.py"
 
 
-def run_suite(tiny_dir, out, *extra):
-    args = ["--model", tiny_dir, "--envs", "blackjack,frozenlake", "--estimators", "gae,rloo"]
+def run_suite(tiny_dir, out, *extra, envs="blackjack,frozenlake", estimators="gae,rloo"):
+    args = ["--model", tiny_dir, "--envs", envs, "--estimators", estimators]
     args += ["--seeds", "0,1", "--episodes", "8", "--eval-every", "4", "--eval-episodes", "4"]
     args += ["--num-envs", "4", "--group-size", "2", "--out", str(out), *extra]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -50,3 +50,19 @@ def test_every_cell_trains_is_scored_and_plotted_and_is_read_back(tiny_dir, tmp_
     again = run_suite(tiny_dir, out)
     table = [line for line in stdout.splitlines() if line.startswith("| ")]
     assert [line for line in again.splitlines() if line.startswith("| ")] == table
+
+
+@pytest.mark.slow
+def test_babyai_trains_on_short_episodes_and_prints_the_bot_beside_random(tiny_dir, tmp_path):
+    pytest.importorskip("minigrid")
+    out = tmp_path / "suite"
+    extra = ("--curve-episodes", "2", "--seeds", "0")
+    stdout = run_suite(tiny_dir, out, *extra, envs="babyai-gotoredball", estimators="gigpo")
+    assert "optimal (BabyAI bot)" in stdout and "success 100.0%" in stdout
+    cell = out / "babyai-gotoredball" / "gigpo-seed0"
+    config = json.loads((cell / "run" / "config.json").read_text())
+    assert '"max_steps": 16' in config["env"]["spec"]  # training episodes are cut at 16 steps
+    result = json.loads((cell / "result.json").read_text())
+    assert 0.0 <= result["after_success"] <= 1.0
+    curve = (cell / "curve.jsonl").read_text().splitlines()
+    assert curve and all("success" in json.loads(line) for line in curve)
