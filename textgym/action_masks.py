@@ -159,8 +159,9 @@ class ActionMasking:
         """The action of each choice; a choice the parser cannot read back is an error.
 
         Masking the choices needs their actions: rather than offer every choice (illegal ones
-        too) without a word, a parser whose own choices do not parse to actions is refused on
-        the first reset, before any episode is played.
+        too) without a word, a parser whose own choices do not parse to actions is refused the
+        first time the legal replies are asked for (the first step's reply choices or schema),
+        before any reply is played.
         """
         if self._choice_actions is False:
             self._choice_actions = None

@@ -141,7 +141,7 @@ class ListsUnreadableChoices(JSONActionParser):
         return [*super().choices(), "pass"]
 
 
-def test_a_parser_whose_choices_do_not_parse_back_is_refused_before_any_episode():
+def test_a_parser_whose_choices_do_not_parse_back_is_refused_when_replies_are_asked_for():
     space = spaces.Discrete(3)
     masking = ActionMasking(space, ListsUnreadableChoices.from_space(space))
     masking.update(0, {"action_mask": np.array([1, 0, 1], dtype=np.int8)})

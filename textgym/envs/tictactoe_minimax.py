@@ -94,7 +94,8 @@ class MinimaxOpponent(Opponent):
     """
 
     def __init__(self, epsilon: float = 0.0) -> None:
-        if not (isinstance(epsilon, (int, float)) and 0.0 <= epsilon <= 1.0):
+        number = isinstance(epsilon, (int, float)) and not isinstance(epsilon, bool)
+        if not (number and 0.0 <= epsilon <= 1.0):
             raise ValueError(f"Expected epsilon to be a probability in [0, 1], got {epsilon!r}")
         self.epsilon = float(epsilon)
         self.name = "minimax" if self.epsilon == 0 else f"minimax:{self.epsilon:g}"

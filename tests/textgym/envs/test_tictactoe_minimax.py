@@ -1,6 +1,6 @@
 """The perfect tic-tac-toe player: solved values, never loses, blunders at the rate asked."""
 
-import itertools
+import functools
 
 import gymnasium as gym
 import numpy as np
@@ -19,8 +19,9 @@ from textgym.envs.tictactoe_minimax import (
 pettingzoo = pytest.importorskip("pettingzoo")
 
 
+@functools.cache
 def brute_value(board):
-    """Negamax without a cache or shared code: the value for the player to move (1 = mover)."""
+    """A plain negamax sharing no code with the module: the value for the player to move."""
     for a, b, c in LINES:
         if board[a] != 0 and board[a] == board[b] == board[c]:
             return -1
@@ -49,8 +50,7 @@ def reachable(board=(0,) * 9):
 def test_the_solved_values_match_a_plain_negamax_on_every_reachable_position():
     positions = reachable()
     assert len(positions) == 5478  # the known count of legal tic-tac-toe positions
-    sample = sorted(positions)[::37]
-    assert [position_value(p) for p in sample] == [brute_value(p) for p in sample]
+    assert all(position_value(p) == brute_value(p) for p in positions)
     assert position_value((0,) * 9) == 0
 
 
@@ -109,14 +109,14 @@ def test_a_blundering_player_leaves_the_best_moves_at_about_its_rate_and_loses_s
 
 def test_one_seed_gives_one_opponent_luck_whatever_the_board():
     a, b = MinimaxOpponent(0.5), MinimaxOpponent(0.5)
-    a.reset(seed=3)
-    b.reset(seed=3)
+    a.reset(seed=0)  # the first draw is 0.637: no blunder, so b has a single best move
+    b.reset(seed=0)
     empty = np.zeros((3, 3, 2), dtype=np.int8)
     mask = np.ones(9, dtype=np.int8)
     a.act(empty, {"action_mask": mask})  # different first boards, the same draws used
     corner = empty.copy()
     corner[0, 0, 1] = 1
-    b.act(corner, {"action_mask": np.array([0] + [1] * 8, dtype=np.int8)})
+    assert b.act(corner, {"action_mask": np.array([0] + [1] * 8, dtype=np.int8)}) == 4
     assert a._rng.random() == b._rng.random()
 
 
@@ -144,5 +144,7 @@ def test_the_env_id_takes_the_opponent_by_name_and_each_env_gets_its_own():
         assert info["outcome"] != "win" and info["opponent"] == "minimax"
     with pytest.raises(ValueError, match=r"one of \['random', 'minimax'\]"):
         gym.make("textgym/TicTacToe-v0", opponent="perfect")
-    for combo in itertools.product(["minimax"], ["", ":0", ":1"]):
-        assert MinimaxOpponent.from_name("".join(combo)).epsilon in (0.0, 1.0)
+    for name, epsilon in [("minimax", 0.0), ("minimax:0", 0.0), ("minimax:1", 1.0)]:
+        assert MinimaxOpponent.from_name(name).epsilon == epsilon
+    with pytest.raises(ValueError, match="Expected epsilon"):
+        MinimaxOpponent(True)
