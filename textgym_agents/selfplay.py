@@ -90,6 +90,9 @@ class SelfPlayPool:
     - **Ratings**: standard Elo (:func:`~textgym_agents.tracking.elo.elo_update`, ``k``) from
       every finished game against a snapshot; metrics ``selfplay/elo`` (the learner),
       ``selfplay/pool_elo_mean``, ``selfplay/pool_size``, ``selfplay/games``.
+    - **Checkpoints**: added to a trainer (``add_callback``, or as ``train``'s callback), the
+      pool is saved in every checkpoint (each snapshot's adapter weights, its update and rating,
+      the learner's rating) and restored on resume, so a resumed run plays the same pool.
 
     The model lives in this process: use a ``SyncVectorEnv`` (``gym.make_vec``'s default);
     the pool refuses to be pickled, and a deep copy of an env shares it.
@@ -154,21 +157,64 @@ class SelfPlayPool:
             old = self.snapshots.pop(0)
             self._retired[old.name] = old.rating
             model.delete_adapter(old.adapter)
+        with torch.no_grad():
+            self._add_frozen(adapter, get_peft_model_state_dict(model, adapter_name=self.learner))
+        snapshot = Snapshot(adapter, update, self.rating)
+        self.snapshots.append(snapshot)
+        return snapshot
+
+    def _add_frozen(self, adapter: str, weights: Mapping[str, torch.Tensor]) -> None:
+        """Add adapter ``adapter`` (the learner's config) holding ``weights``, frozen."""
+        model = self.policy.model
         config = copy.deepcopy(model.peft_config[self.learner])
         config.inference_mode = True
         flags = [(p, p.requires_grad) for p in model.parameters()]
         with torch.random.fork_rng(devices=[]):  # its random init must not move the run's RNG
             model.add_adapter(adapter, config)
         with torch.no_grad():
-            weights = get_peft_model_state_dict(model, adapter_name=self.learner)
-            set_peft_model_state_dict(model, weights, adapter_name=adapter)
+            set_peft_model_state_dict(model, dict(weights), adapter_name=adapter)
         for parameter, flag in flags:
             parameter.requires_grad_(flag)
         for parameter in self.adapter_parameters(adapter):
             parameter.requires_grad_(False)
-        snapshot = Snapshot(adapter, update, self.rating)
-        self.snapshots.append(snapshot)
-        return snapshot
+
+    # --- checkpoints -------------------------------------------------------------------------
+
+    checkpoint_key = KIND
+    """The name of the pool's files in a trainer checkpoint (``selfplay.safetensors``/``.json``)."""
+
+    def checkpoint_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """The pool as checkpoint files: snapshot weights (``"<adapter>/<name>"``) and JSON."""
+        tensors = {}
+        for snapshot in self.snapshots:
+            weights = get_peft_model_state_dict(self.policy.model, adapter_name=snapshot.adapter)
+            for name, value in weights.items():
+                tensors[f"{snapshot.adapter}/{name}"] = value.detach().clone().contiguous()
+        meta = {
+            "rating": self.rating,
+            "snapshots": [dataclasses.asdict(s) for s in self.snapshots],
+        }
+        return tensors, meta
+
+    def load_checkpoint_state(
+        self, tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any]
+    ) -> None:
+        """Replace the pool by a checkpoint's (the newest ``size`` of its snapshots)."""
+        self.check_learner_active()
+        saved = list(meta["snapshots"])[-self.size :]
+        for snapshot in self.snapshots:
+            self.policy.model.delete_adapter(snapshot.adapter)
+        self.snapshots, self._retired = [], {}
+        for entry in saved:
+            prefix = f"{entry['adapter']}/"
+            weights = {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
+            if not weights:
+                raise ValueError(f"The checkpoint holds no weights of snapshot {entry['adapter']}")
+            self._add_frozen(entry["adapter"], weights)
+            self.snapshots.append(
+                Snapshot(str(entry["adapter"]), int(entry["update"]), float(entry["rating"]))
+            )
+        self.rating = float(meta["rating"])
 
     def adapter_parameters(self, adapter: str) -> list[torch.nn.Parameter]:
         """The parameters of adapter ``adapter`` (the learner's or a snapshot's)."""

@@ -187,3 +187,62 @@ def test_save_keeps_only_the_learner_adapter(tiny, tmp_path):
     path = policy.save(tmp_path / "policy")
     adapter_dir = next(p for p in path.iterdir() if p.is_dir())
     assert not any(p.name.startswith("selfplay") for p in adapter_dir.rglob("*"))
+
+
+def pool_weights(pool):
+    return {s.name: state(pool.adapter_parameters(s.adapter)) for s in pool.snapshots}
+
+
+def test_a_resumed_run_plays_the_same_pool_as_the_one_it_stopped_with(
+    tiny, tokenizer, tmp_path, caplog
+):
+    from textgym_agents.testing import tiny_model
+
+    run = tmp_path / "run"
+    policy = make_policy(tiny, keep_checkpoints=5, progress=False)
+    policy.base_info = {"name_or_path": "tiny"}
+    pool = SelfPlayPool(policy, size=2, every=1, greedy=True)
+    envs = gym.make_vec("textgym/TicTacToe-v0", num_envs=2, opponent=pool)
+    PPOTrainer(policy, envs, output_dir=run).train(6, callback=pool)
+    assert [s.name for s in pool.snapshots][-1] != "selfplay:0"  # it took snapshots
+    names = [s.name for s in pool.snapshots]
+    ratings = [pool.rating, *(s.rating for s in pool.snapshots)]
+    weights = pool_weights(pool)
+    assert not all(  # snapshots of different updates differ, so restoring means something
+        torch.equal(a, b) for a, b in zip(*weights.values(), strict=True)
+    )
+    # A fresh process: new policy and pool (snapshot 0 of fresh weights), resumed from the run.
+    fresh = make_policy(tiny_model(tokenizer), keep_checkpoints=5)  # its own model
+    fresh_pool = SelfPlayPool(fresh, size=2, every=1, greedy=True)
+    trainer = PPOTrainer(
+        fresh, gym.make_vec("textgym/TicTacToe-v0", num_envs=2, opponent=fresh_pool), output_dir=run
+    )
+    trainer.add_callback(fresh_pool)
+    from textgym_agents.ppo.run_files import restore_checkpoint
+
+    restore_checkpoint(trainer, SimpleNamespace(rank=0, seed=lambda s: s), run)
+    assert [s.name for s in fresh_pool.snapshots] == names
+    assert [fresh_pool.rating, *(s.rating for s in fresh_pool.snapshots)] == ratings
+    restored = pool_weights(fresh_pool)
+    for name in names:
+        assert all(torch.equal(a, b) for a, b in zip(weights[name], restored[name], strict=True))
+    assert sorted(fresh.model.peft_config) == [
+        "default",
+        *sorted(s.adapter for s in pool.snapshots),
+    ]
+    assert fresh.model.active_adapter == "default"
+    assert not any(
+        p.requires_grad
+        for s in fresh_pool.snapshots
+        for p in fresh_pool.adapter_parameters(s.adapter)
+    )
+    # A trainer whose callbacks keep no state in the checkpoint: the pool starts afresh, said so.
+    checkpoint = sorted((run / "checkpoints").iterdir())[-1]
+    other = SelfPlayPool(make_policy(tiny_model(tokenizer)), size=2, every=1)
+    other.checkpoint_key = "another"
+    bare = PPOTrainer(other.policy, gym.make_vec("textgym/TicTacToe-v0", num_envs=2))
+    bare.add_callback(other)
+    with caplog.at_level("WARNING"):
+        restore_checkpoint(bare, SimpleNamespace(rank=0, seed=lambda s: s), checkpoint)
+    assert "holds no callback_another state" in caplog.text
+    assert [s.name for s in other.snapshots] == ["selfplay:0"]

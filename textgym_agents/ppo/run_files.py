@@ -100,6 +100,8 @@ def write_checkpoint(
     for rank, (rank_tensors, rank_meta) in enumerate(ranks[1:], start=1):
         tensors[f"rng_rank{rank}"] = rank_tensors
         json_files[f"rank{rank}"] = rank_meta
+    for key, callback in _saved_callbacks(trainer):
+        tensors[key], json_files[key] = callback.checkpoint_state()
     return write_or_stop(
         output_dir,
         output_dir / "checkpoints" / f"step_{trainer.update_step:08d}",
@@ -155,11 +157,30 @@ def restore_checkpoint(trainer: PPOTrainer, process: Distributed, path: str | Pa
     else:
         set_rng_state(tensors[f"rng_rank{rank}" if rank else "rng"], own["rng"])
         trainer.rng.bit_generator.state = own["numpy_rng"]
+    for key, callback in _saved_callbacks(trainer):  # before the envs replay: opponents
+        if key in files:
+            callback.load_checkpoint_state(tensors.get(key, {}), files[key])
+        else:
+            logger.warning("%s holds no %s state; the %s starts afresh", checkpoint, key, key)
     if trainer.collector is not None:
         seed = trainer.collector.seed + 1000 * trainer.update_step
         saved = own["envs"] if own is not None else None
         restore_rollout(trainer.envs, trainer.collector, saved, fresh_seed=seed)
     logger.info("Resumed from %s at update %d", checkpoint, trainer.update_step)
+
+
+def _saved_callbacks(trainer: PPOTrainer) -> list[tuple[str, Any]]:
+    """The trainer's callbacks that keep state in checkpoints, by file name.
+
+    A callback opts in with ``checkpoint_key`` (its files' name), ``checkpoint_state() ->
+    (tensors, json)`` and ``load_checkpoint_state(tensors, json)`` (a self-play pool does).
+    """
+    found = []
+    for callback in trainer.callbacks:
+        key = getattr(callback, "checkpoint_key", None)
+        if isinstance(key, str) and callable(getattr(callback, "checkpoint_state", None)):
+            found.append((f"callback_{key}", callback))
+    return found
 
 
 def write_or_stop(run_dir: Path, path: Path, write: Callable[[], Any]) -> Any:
