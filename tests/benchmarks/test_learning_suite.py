@@ -1,26 +1,17 @@
 """`benchmarks/learning_suite.py` end to end with the tiny model: cells, tables, plots, resume."""
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-SUITE = Path(__file__).resolve().parents[2] / "benchmarks" / "learning_suite.py"
+from tests.benchmarks.scripts import run_script
 
 
 def run_suite(tiny_dir, out, *extra, envs="blackjack,frozenlake", estimators="gae,rloo"):
     args = ["--model", tiny_dir, "--envs", envs, "--estimators", estimators]
     args += ["--seeds", "0,1", "--episodes", "8", "--eval-every", "4", "--eval-episodes", "4"]
     args += ["--num-envs", "4", "--group-size", "2", "--out", str(out), *extra]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(
-        [sys.executable, str(SUITE), *args], capture_output=True, text=True, timeout=900, env=env
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result.stdout
+    return run_script("learning_suite.py", *args).stdout
 
 
 @pytest.mark.slow

@@ -1,12 +1,11 @@
 """`benchmarks/soak.py`: its bound checks, and the script end to end on a short run."""
 
 import importlib.util
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.benchmarks.scripts import run_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "soak.py"
 spec = importlib.util.spec_from_file_location("soak", SCRIPT)
@@ -43,15 +42,7 @@ def test_growth_past_a_bound_is_reported_against_the_warm_up_row(changes, name):
 
 @pytest.mark.slow
 def test_the_script_prints_a_row_per_interval_and_its_verdict():
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(
-        [sys.executable, str(SCRIPT), "--updates", "20", "--every", "10"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-    )
-    assert result.returncode in (0, 1), result.stderr[-3000:]
+    result = run_script("soak.py", "--updates", "20", "--every", "10", timeout=600, ok=(0, 1))
     lines = result.stdout.splitlines()
     assert lines[0].split() == [
         "update", "rss_mb", "fds", "objects", "run_dir_mb", "metrics_kb", "s_per_update",

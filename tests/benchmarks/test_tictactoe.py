@@ -1,30 +1,18 @@
 """`benchmarks/tictactoe.py` end to end with the tiny model: references, table, curve, read back."""
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
+from tests.benchmarks.scripts import run_script
+
 pytest.importorskip("pettingzoo")
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "tictactoe.py"
 
 
 def run(tiny_dir, out):
     args = ["--model", tiny_dir, "--seeds", "0", "--episodes", "8", "--eval-every", "4"]
     args += ["--eval-games", "6", "--curve-games", "4", "--num-envs", "4", "--group-size", "2"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(
-        [sys.executable, str(SCRIPT), *args, "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env=env,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result.stdout
+    return run_script("tictactoe.py", *args, "--out", out).stdout
 
 
 @pytest.mark.slow

@@ -1,23 +1,14 @@
 """`benchmarks/update_memory.py` end to end with the tiny model: one process per layout."""
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "update_memory.py"
+from tests.benchmarks.scripts import run_script
 
 
 @pytest.mark.slow
 def test_each_layout_runs_in_its_own_process_and_is_compared(tiny_dir):
     args = ["--model", tiny_dir, "--num-envs", "2", "--layouts", "8:none,8:64"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(
-        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=600, env=env
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    result = run_script("update_memory.py", *args, timeout=600)
     lines = result.stdout.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("micro_batch_size"))
     table = lines[header + 1 :]
