@@ -1,8 +1,9 @@
 """A training callback that scores the policy every so many episodes: a learning curve on disk.
 
-Used by ``learning_suite.py`` and ``tictactoe.py``. Each point is one JSON line
-(``{"episodes": N, ...}``) appended to a file, so an interrupted run that resumes from its
-checkpoint continues the same curve from its last point.
+Used by ``learning_suite.py`` and ``tictactoe.py``, with the two steps of a benchmark cell they
+share: its config (:func:`cell_config`) and its resumable training (:func:`train_cell`). Each
+point is one JSON line (``{"episodes": N, ...}``) appended to a file, so an interrupted run
+that resumes from its checkpoint continues the same curve from its last point.
 """
 
 from __future__ import annotations
@@ -12,6 +13,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from textgym_agents import PPOConfig
+from textgym_agents.checkpoint import latest_checkpoint
+from textgym_agents.cli.runs import episodes_done
 
 
 class CurvePoints:
@@ -66,3 +71,33 @@ class CurvePoints:
             out.write(json.dumps({"episodes": done, **found}) + "\n")
         if self.report is not None:
             self.report(done, found)
+
+
+def cell_config(envs: Any, seed: int, estimator: str, group_size: int, settings: str) -> PPOConfig:
+    """``textgym train``'s per-env defaults with the cell's seed, estimator and ``settings``.
+
+    ``group_size`` applies to the group estimators (not ``"gae"``); ``settings`` is the JSON of
+    further :class:`~textgym_agents.PPOConfig` fields, which win.
+    """
+    given: dict[str, Any] = {"seed": seed, "advantage_estimator": estimator}
+    if estimator != "gae":
+        given["group_size"] = group_size
+    given.update(json.loads(settings))
+    return PPOConfig.for_env(envs, **given, progress=False)
+
+
+def train_cell(
+    trainer: Any, run_dir: Path, episodes: int, curve: CurvePoints
+) -> tuple[dict[str, float], float, int]:
+    """Train to ``episodes`` (resuming from ``run_dir``'s last checkpoint), scoring on ``curve``.
+
+    Returns:
+        The last metrics, the seconds of training this session (the curve's evaluations
+        left out) and the episodes played this session.
+    """
+    resume = latest_checkpoint(run_dir) if run_dir.exists() else None
+    episodes_before = episodes_done(resume) if resume is not None else 0
+    started = time.perf_counter()
+    metrics = trainer.train(episodes, resume_from=resume, callback=curve)
+    seconds = time.perf_counter() - started - curve.seconds
+    return metrics, seconds, int(metrics["env/episodes"]) - episodes_before

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import time
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +31,7 @@ import numpy as np
 
 import textgym  # noqa: F401  (registers the text envs)
 from textgym.episodes import reply_choices
-from textgym_agents import PPOConfig, PPOPolicy, evaluate
-from textgym_agents.checkpoint import latest_checkpoint
-from textgym_agents.cli.runs import episodes_done
+from textgym_agents import PPOPolicy, evaluate
 from textgym_agents.exceptions import SIGTERMExit
 from textgym_agents.ppo.trainer import PPOTrainer
 
@@ -42,12 +39,12 @@ try:
     import blackjack_exact
     from babyai_random import bot_baseline
     from blackjack_learning import greedy_table
-    from curve_points import CurvePoints
+    from curve_points import CurvePoints, cell_config, train_cell
 except ImportError:  # imported as benchmarks.learning_suite
     from benchmarks import blackjack_exact
     from benchmarks.babyai_random import bot_baseline
     from benchmarks.blackjack_learning import greedy_table
-    from benchmarks.curve_points import CurvePoints
+    from benchmarks.curve_points import CurvePoints, cell_config, train_cell
 
 LAST_TABLE: list[str] = []  # Blackjack: the greedy reply (H/S) in each state of the last score
 # Held-out: training resets use the config seed's own seeds (small ones, or 32-bit hashes for
@@ -134,11 +131,7 @@ def run_cell(args: argparse.Namespace, env_name: str, estimator: str, seed: int)
     spec = ENVS[env_name]
     train_kwargs = {**spec["kwargs"], **spec.get("train_kwargs", {})}
     envs = gym.make_vec(spec["id"], num_envs=args.num_envs, **train_kwargs)
-    given: dict[str, Any] = {"seed": seed, "advantage_estimator": estimator}
-    if estimator != "gae":
-        given["group_size"] = args.group_size
-    given.update(json.loads(args.settings))
-    config = PPOConfig.for_env(envs, **given, progress=False)
+    config = cell_config(envs, seed, estimator, args.group_size, args.settings)
     policy = PPOPolicy.from_pretrained(args.model, config=config)
     curve_file = cell / "curve.jsonl"
     cell.mkdir(parents=True, exist_ok=True)
@@ -163,12 +156,7 @@ def run_cell(args: argparse.Namespace, env_name: str, estimator: str, seed: int)
 
     curve = CurvePoints(curve_file, args.eval_every, measure, report)
 
-    resume = latest_checkpoint(cell / "run") if (cell / "run").exists() else None
-    episodes_before = episodes_done(resume) if resume is not None else 0
-    started = time.perf_counter()
-    metrics = trainer.train(args.episodes, resume_from=resume, callback=curve)
-    seconds = time.perf_counter() - started  # training only (the evaluations excluded)
-    seconds -= curve.seconds
+    metrics, seconds, played = train_cell(trainer, cell / "run", args.episodes, curve)
     envs.close()
     after = score(policy, env_name, args.eval_episodes)
     result = {
@@ -181,7 +169,7 @@ def run_cell(args: argparse.Namespace, env_name: str, estimator: str, seed: int)
         "after": after["return"],
         "after_se": after["se"],
         "train_seconds_last_session": seconds,
-        "hands_per_s": (int(metrics["env/episodes"]) - episodes_before) / max(seconds, 1e-9),
+        "hands_per_s": played / max(seconds, 1e-9),
         "settings": config.to_dict(),
     }
     for key in ("success", "success_se"):

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -36,16 +35,14 @@ import gymnasium as gym
 import textgym  # noqa: F401  (registers the text envs)
 from textgym.envs.pettingzoo_seat import AECSeatEnv, Opponent, RandomOpponent, play_games
 from textgym.envs.tictactoe_minimax import MinimaxOpponent
-from textgym_agents import PPOConfig, PPOPolicy, evaluate
-from textgym_agents.checkpoint import latest_checkpoint
-from textgym_agents.cli.runs import episodes_done
+from textgym_agents import PPOPolicy, evaluate
 from textgym_agents.exceptions import SIGTERMExit
 from textgym_agents.ppo.trainer import PPOTrainer
 
 try:
-    from curve_points import CurvePoints
+    from curve_points import CurvePoints, cell_config, train_cell
 except ImportError:  # imported as benchmarks.tictactoe
-    from benchmarks.curve_points import CurvePoints
+    from benchmarks.curve_points import CurvePoints, cell_config, train_cell
 
 ENV_ID = "textgym/TicTacToe-v0"
 # Held-out: training resets use the config seed's own seeds (small ones, or 32-bit hashes for
@@ -96,11 +93,7 @@ def run_cell(args: argparse.Namespace, seed: int) -> dict[str, Any]:
     if result_file.exists():
         return json.loads(result_file.read_text())
     envs = gym.make_vec(ENV_ID, num_envs=args.num_envs, opponent=args.train_opponent)
-    given: dict[str, Any] = {"seed": seed, "advantage_estimator": args.estimator}
-    if args.estimator != "gae":
-        given["group_size"] = args.group_size
-    given.update(json.loads(args.settings))
-    config = PPOConfig.for_env(envs, **given, progress=False)
+    config = cell_config(envs, seed, args.estimator, args.group_size, args.settings)
     policy = PPOPolicy.from_pretrained(args.model, config=config)
     cell.mkdir(parents=True, exist_ok=True)
     start_file = cell / "start.json"
@@ -119,12 +112,8 @@ def run_cell(args: argparse.Namespace, seed: int) -> dict[str, Any]:
         report,
     )
 
-    resume = latest_checkpoint(cell / "run") if (cell / "run").exists() else None
-    episodes_before = episodes_done(resume) if resume is not None else 0
     trainer = PPOTrainer(policy, envs, output_dir=cell / "run")
-    started = time.perf_counter()
-    metrics = trainer.train(args.episodes, resume_from=resume, callback=curve)
-    seconds = time.perf_counter() - started - curve.seconds
+    metrics, seconds, played = train_cell(trainer, cell / "run", args.episodes, curve)
     envs.close()
     after = {name: score(policy, name, args.eval_games) for name in OPPONENTS}
     result = {
@@ -135,7 +124,7 @@ def run_cell(args: argparse.Namespace, seed: int) -> dict[str, Any]:
         "before": json.loads(start_file.read_text()),
         "after": after,
         "train_seconds_last_session": seconds,
-        "games_per_s": (int(metrics["env/episodes"]) - episodes_before) / max(seconds, 1e-9),
+        "games_per_s": played / max(seconds, 1e-9),
         "settings": config.to_dict(),
     }
     result_file.write_text(json.dumps(result, indent=2))
