@@ -34,6 +34,7 @@ if [ "$vllm" = 1 ]; then
     if [ ! -x .venv-vllm/bin/python ]; then
         "$python" -m venv .venv-vllm
     fi
+    echo "*" > .venv-vllm/.gitignore  # git, and so ruff, skip it (as venv does from Python 3.13)
     vpip=(.venv-vllm/bin/python -m pip install --quiet --disable-pip-version-check)
     if ! .venv-vllm/bin/python -c "import vllm" 2>/dev/null; then
         "${vpip[@]}" --upgrade pip

@@ -212,7 +212,10 @@ class PPOPolicy(PolicyScoring):
         if self._engine is None:
             from textgym_agents.engines import VLLMEngine
 
-            self._engine = VLLMEngine(self, url=self.config.vllm_url)
+            config = self.config
+            self._engine = VLLMEngine(
+                self, url=config.vllm_url, adapter_dir=config.vllm_adapter_dir
+            )
         return self._engine
 
     def close_rollout_engine(self) -> None:

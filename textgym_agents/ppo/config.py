@@ -105,6 +105,11 @@ class PPOConfig:
     vllm_request_timeout: float = _help(
         300.0, "vLLM: seconds one request may take before it fails (no hang on a dead server)."
     )
+    vllm_adapter_dir: str | None = _help(
+        None,
+        "vLLM: where adapters are written for the server to load (for a server on another "
+        "machine, a shared path mounted at the same place there); None: a temporary directory.",
+    )
     vllm_server_args: list[str] = _help(
         [], "vLLM: extra `vllm serve` arguments for a started server."
     )
@@ -234,7 +239,7 @@ class PPOConfig:
         _check(self, "decoding", self.decoding in modes, f"one of {modes}")
         engines = ("hf", "vllm")
         _check(self, "rollout_engine", self.rollout_engine in engines, f"one of {engines}")
-        for name in ["vllm_url", "vllm_python"]:
+        for name in ["vllm_url", "vllm_python", "vllm_adapter_dir"]:
             value = getattr(self, name)
             _check(self, name, value is None or (isinstance(value, str) and value), "a str or None")
         port = self.vllm_port
