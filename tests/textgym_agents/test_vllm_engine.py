@@ -162,3 +162,33 @@ def test_constrained_decoding_is_refused_with_the_fix(policy, engine):
             policy.generate(prompts(1), schemas=[{"type": "string"}])
     finally:
         policy.config.decoding = "free"
+
+
+@needs_server
+def test_reloading_under_the_same_name_would_serve_stale_blocks(policy, engine):
+    """The control of the test above: the trap that fresh names avoid is real on this server.
+
+    New weights written over the served adapter's files and loaded again under its name and
+    path: the server reuses the prefix blocks it computed with the old weights.
+    """
+    batch = prompts(2, filler=40)
+    name, path = engine.adapter
+    warm = policy.generate(batch, greedy=True)  # the prefix cache holds blocks of these weights
+    perturb(policy, 0.05, seed=5)
+    assert policy._learner == "default"  # peft writes it into path itself
+    policy.model.save_pretrained(path, selected_adapters=[policy._learner])
+    engine.client.unload_adapter(name)
+    engine.client.load_adapter(name, str(path))
+    eos = sorted(policy.eos_ids)
+    stale = engine.client.complete(
+        warm.prompt_ids, model=name, max_tokens=12, temperature=0.0, stop_token_ids=eos
+    )
+    engine.sync_adapter(force=True)  # back to a fresh name before anything else runs
+    ids = [c.token_ids for c in stale]
+    now = policy.score(warm.prompt_ids, ids, values=False).logps
+    worst = max(
+        (now[row, : len(c.logps)].double() - torch.tensor(c.logps, dtype=torch.float64)).abs().max()
+        for row, c in enumerate(stale)
+    ).item()
+    print(f"same name reloaded: largest log-prob difference {worst:.2e}")
+    assert worst > 100 * TOLERANCE

@@ -98,7 +98,12 @@ class VLLMEngine:
             self.client = self.server.client
         else:
             self.client = VLLMClient(url, timeout=config.vllm_request_timeout)
-        self.version = self.client.version()  # fails early on a wrong or unreachable server
+        try:
+            self.version = self.client.version()  # fails early on a wrong or unreachable server
+        except BaseException:
+            if self.server is not None:
+                self.server.close()
+            raise
         self._own_dir = adapter_dir is None
         root = adapter_dir or tempfile.mkdtemp(prefix="textgym-vllm-adapters-")
         self.adapter_root = Path(root)
