@@ -172,8 +172,8 @@ def test_reloading_under_the_same_name_would_serve_stale_blocks(policy, engine):
     path: the server reuses the prefix blocks it computed with the old weights.
     """
     batch = prompts(2, filler=40)
-    name, path = engine.adapter
     warm = policy.generate(batch, greedy=True)  # the prefix cache holds blocks of these weights
+    name, path = engine.adapter
     perturb(policy, 0.05, seed=5)
     assert policy._learner == "default"  # peft writes it into path itself
     policy.model.save_pretrained(path, selected_adapters=[policy._learner])
