@@ -190,3 +190,16 @@ def test_config_rejects_bad_engine_settings(field, value, message):
 def test_bad_url_is_rejected():
     with pytest.raises(ValueError, match="Expected a server URL"):
         VLLMClient("localhost:8000")
+
+
+def test_a_loaded_policy_generates_with_hf(tmp_path, tiny_dir):
+    from textgym_agents import PPOPolicy
+
+    config = PPOConfig(max_new_tokens=4, rollout_engine="vllm", vllm_url="http://127.0.0.1:9")
+    policy = PPOPolicy.from_pretrained(tiny_dir, config=config)
+    policy.save(tmp_path / "saved")
+    loaded = PPOPolicy.load(tmp_path / "saved")
+    assert loaded.config.rollout_engine == "hf" and loaded.config.vllm_url == "http://127.0.0.1:9"
+    assert isinstance(loaded.act([{"role": "user", "content": "Hit or stick?"}]), str)
+    with pytest.raises(VLLMServerError, match=r"127\.0\.0\.1:9 is unreachable"):
+        policy.act([{"role": "user", "content": "Hit or stick?"}])  # still "vllm": no server
