@@ -203,3 +203,22 @@ def test_a_loaded_policy_generates_with_hf(tmp_path, tiny_dir):
     assert isinstance(loaded.act([{"role": "user", "content": "Hit or stick?"}]), str)
     with pytest.raises(VLLMServerError, match=r"127\.0\.0\.1:9 is unreachable"):
         policy.act([{"role": "user", "content": "Hit or stick?"}])  # still "vllm": no server
+
+
+def test_the_server_loads_the_base_models_local_directory(tmp_path):
+    from types import SimpleNamespace
+
+    from textgym_agents.engines import model_dir_of
+    from textgym_agents.models import embedded_model_dir
+
+    def base(**info):
+        return SimpleNamespace(base_info=info)
+
+    (tmp_path / "config.json").write_text("{}")
+    assert model_dir_of(base(name_or_path=str(tmp_path))) == tmp_path
+    if (embedded_model_dir() / "config.json").is_file():
+        assert model_dir_of(base(name_or_path="embedded")) == embedded_model_dir()
+    with pytest.raises(ValueError, match="got a GGUF file"):
+        model_dir_of(base(name_or_path="/models/smol.gguf"))
+    with pytest.raises(ValueError, match="local directory with config.json, got 'no/such-model'"):
+        model_dir_of(base(name_or_path="no/such-model"))

@@ -51,6 +51,13 @@ def model_dir_of(policy: PPOPolicy) -> Path:
             f"GGUF file ({name}); save the model (model.save_pretrained(dir)) and load that"
         )
     path = embedded_model_dir() if name in (None, "embedded") else Path(str(name))
+    if not path.exists() and isinstance(name, str) and name.count("/") == 1:
+        try:  # a Hugging Face id: its snapshot in the local cache (nothing is downloaded)
+            from huggingface_hub import snapshot_download
+
+            path = Path(snapshot_download(name, local_files_only=True))
+        except Exception:  # not in the cache: the error below says what is needed
+            pass
     if not (path / "config.json").is_file():
         raise ValueError(
             f"rollout_engine='vllm' needs the base model in a local directory with config.json, "
