@@ -203,7 +203,7 @@ class VLLMServer:
             start_new_session=True,  # its own process group: close() stops vLLM's workers too
         )
         atexit.register(self.close)
-        self.client = VLLMClient(self.url, timeout=request_timeout, alive=self.exit_reason)
+        self.client = VLLMClient(self.url, timeout=request_timeout, alive=self.failure_reason)
         try:
             self._wait_healthy(start_timeout)
         except BaseException:
@@ -231,6 +231,17 @@ class VLLMServer:
         except OSError:
             return "(no log)"
         return data.decode("utf-8", errors="replace")
+
+    def failure_reason(self, grace: float = 5.0) -> str | None:
+        """After a failed request: why the server is gone, waiting ``grace`` s for it to exit.
+
+        A killed server resets connections a moment before its process can be reaped, so an
+        immediate look would still find it running.
+        """
+        if self.process is not None and self.process.poll() is None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(grace)
+        return self.exit_reason()
 
     def exit_reason(self) -> str | None:
         """Why the server is gone (exit code and log tail), or None while it runs."""
