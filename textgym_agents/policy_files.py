@@ -166,6 +166,8 @@ def load_policy_parts(
         raise CheckpointError(f"The policy {path} cannot be read: {e}") from e
     value_head = ValueHead(hidden_size_of(peft_model))
     value_head.load_state_dict({k: v.float() for k, v in head_state.items()})
-    config = PPOConfig.from_dict(info.get("config", {}))
+    # Where rollouts ran is a property of the machine, not of the policy: a loaded policy
+    # generates with HF until told otherwise (a saved "vllm" would start a server to evaluate).
+    config = PPOConfig.from_dict({**info.get("config", {}), "rollout_engine": "hf"})
     trained_env = info.get("env") if isinstance(info.get("env"), dict) else None
     return PolicyParts(peft_model, tokenizer, value_head, config, base, trained_env)

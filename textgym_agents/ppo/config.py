@@ -85,6 +85,34 @@ class PPOConfig:
         "On CPU, run grouped-query attention without copying key/value heads (sdpa_gqa; same "
         "results, faster); False keeps transformers' sdpa.",
     )
+    # --- rollout engine (docs/vllm.md) -----------------------------------------------------
+    rollout_engine: str = _help(
+        "hf",
+        "Who samples rollout replies: 'hf' (transformers generate in this process) or 'vllm' "
+        "(a vLLM server: vllm_url, else one started from vllm_python; the adapter is reloaded "
+        "under a fresh name after every update). Scoring and training stay here either way.",
+    )
+    vllm_url: str | None = _help(
+        None, "vLLM: URL of a running server (e.g. http://10.0.0.2:8000); None starts one."
+    )
+    vllm_python: str | None = _help(
+        None,
+        "vLLM: interpreter of the server's environment when one is started (default "
+        "$TEXTGYM_VLLM_PYTHON, else .venv-vllm/bin/python from scripts/setup.sh --vllm).",
+    )
+    vllm_port: int = _help(0, "vLLM: port of a started server on 127.0.0.1 (0: a free one).")
+    vllm_start_timeout: float = _help(600.0, "vLLM: seconds a started server may take to be up.")
+    vllm_request_timeout: float = _help(
+        300.0, "vLLM: seconds one request may take before it fails (no hang on a dead server)."
+    )
+    vllm_adapter_dir: str | None = _help(
+        None,
+        "vLLM: where adapters are written for the server to load (for a server on another "
+        "machine, a shared path mounted at the same place there); None: a temporary directory.",
+    )
+    vllm_server_args: list[str] = _help(
+        [], "vLLM: extra `vllm serve` arguments for a started server."
+    )
     # --- rollout ----------------------------------------------------------------------------
     num_steps: int = _help(
         8, "Env steps per env per update; a batch is num_envs * num_steps turns."
@@ -209,6 +237,18 @@ class PPOConfig:
             )
         modes = ("free", "choices", "constrained", "auto")
         _check(self, "decoding", self.decoding in modes, f"one of {modes}")
+        engines = ("hf", "vllm")
+        _check(self, "rollout_engine", self.rollout_engine in engines, f"one of {engines}")
+        for name in ["vllm_url", "vllm_python", "vllm_adapter_dir"]:
+            value = getattr(self, name)
+            _check(self, name, value is None or (isinstance(value, str) and value), "a str or None")
+        port = self.vllm_port
+        _check(self, "vllm_port", _integer(port) and 0 <= port < 65536, "an int in [0, 65535]")
+        for name in ["vllm_start_timeout", "vllm_request_timeout"]:
+            value = getattr(self, name)
+            _check(self, name, _number(value) and value > 0, "> 0")
+        ok = all(isinstance(x, str) for x in self.vllm_server_args)
+        _check(self, "vllm_server_args", ok, "a list of str")
         estimators = ("k1", "k3", "abs", "mse")
         _check(self, "kl_estimator", self.kl_estimator in estimators, f"one of {estimators}")
         _check(self, "reply_prefix", isinstance(self.reply_prefix, str), "a str")

