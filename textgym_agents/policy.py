@@ -184,7 +184,9 @@ class PPOPolicy(PolicyScoring):
             # Self-play snapshots (other adapters) keep generating here, on HF.
             budget = max_new_tokens or config.max_new_tokens
             engine = self.rollout_engine()
-            return engine.rollout(prompts, mode, choices, greedy=greedy, max_new_tokens=budget)  # type: ignore[arg-type]
+            return engine.rollout(
+                prompts, mode, choices, schemas, greedy=greedy, max_new_tokens=budget
+            )
         if mode == "choices":
             return self._choose(prompts, choices, greedy)  # type: ignore[arg-type]
         budget = max_new_tokens or config.max_new_tokens

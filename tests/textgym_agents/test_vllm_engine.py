@@ -7,11 +7,13 @@ with per-token weight gathers, so prompts are few and replies short to keep the 
 
 from __future__ import annotations
 
+import json
+
 import gymnasium as gym
 import pytest
 import torch
 
-import textgym  # noqa: F401
+import textgym
 from textgym_agents import PPOConfig, PPOPolicy
 from textgym_agents.engines import VLLMServer, default_server_python
 from textgym_agents.engines.vllm_engine import model_dir_of
@@ -154,14 +156,69 @@ def test_choice_decoding_scores_equal_ours(policy, engine):
     assert generation.logps is None and generation.choice_ids == expected.choice_ids
 
 
+def constrained_batch():
+    """Calculator and Blackjack prompts with their reply schemas, and one free row."""
+    batch, schemas = [], []
+    for name in ["textgym/Calculator-v0", "textgym/Blackjack-v1"]:
+        env = gym.make(name)
+        for seed in range(2):
+            batch.append(env.reset(seed=seed)[0])
+            schemas.append(textgym.reply_schemas(env))
+    return batch + prompts(1), schemas + [None]
+
+
+@pytest.fixture
+def constrained(policy):
+    saved = policy.config.decoding, policy.config.max_new_tokens
+    policy.config.decoding, policy.config.max_new_tokens = "auto", 24  # free rows allowed
+    yield policy
+    policy.config.decoding, policy.config.max_new_tokens = saved
+
+
+def masks(generation):
+    return [getattr(ids, "allowed", None) for ids in generation.response_ids]
+
+
 @needs_server
-def test_constrained_decoding_is_refused_with_the_fix(policy, engine):
-    policy.config.decoding = "constrained"
+def test_constrained_greedy_replies_and_masks_equal_hf(constrained, engine):
+    batch, schemas = constrained_batch()
+    for budget in (24, 10):  # 10: the Calculator replies are forced to a short finish
+        served = constrained.generate(batch, greedy=True, schemas=schemas, max_new_tokens=budget)
+        expected = hf(constrained, batch, greedy=True, schemas=schemas, max_new_tokens=budget)
+        assert served.response_ids == expected.response_ids
+        assert served.texts == expected.texts
+        for ours, theirs in zip(masks(served)[:4], masks(expected)[:4], strict=True):
+            assert torch.equal(ours, theirs)
+        assert masks(served)[4] is None  # the free row
+    assert all(json.loads(text) for text in served.texts[:4])
+
+
+@needs_server
+def test_constrained_samples_score_as_the_server_sampled_them(constrained, engine):
+    batch, schemas = constrained_batch()
+    torch.manual_seed(5)
+    sampled = constrained.generate(batch, schemas=schemas)
+    scores = constrained.score(sampled.prompt_ids, sampled.response_ids, values=False)
+    worst = 0.0
+    for row, logps in enumerate(sampled.token_logps):
+        ours = scores.logps[row, : len(logps)].double()
+        worst = max(worst, (ours - torch.tensor(logps, dtype=torch.float64)).abs().max().item())
+    print(f"constrained: largest per-token log-prob difference, server vs scoring: {worst:.2e}")
+    assert worst < TOLERANCE  # the server's grammar mask is the one training renormalises over
+    for row, name in enumerate(["textgym/Calculator-v0"] * 2 + ["textgym/Blackjack-v1"] * 2):
+        env = gym.make(name)
+        env.reset(seed=row % 2)
+        assert not env.step(sampled.texts[row])[4]["invalid"], sampled.texts[row]
+
+
+@needs_server
+def test_constrained_decoding_refuses_a_reply_prefix(constrained, engine):
+    constrained.config.reply_prefix = '{"'
     try:
-        with pytest.raises(ValueError, match="use decoding='free' or 'choices'"):
-            policy.generate(prompts(1), schemas=[{"type": "string"}])
+        with pytest.raises(ValueError, match="needs reply_prefix=''"):
+            constrained.generate(prompts(1), schemas=[{"type": "string"}])
     finally:
-        policy.config.decoding = "free"
+        constrained.config.reply_prefix = ""
 
 
 @needs_server

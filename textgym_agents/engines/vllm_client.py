@@ -224,6 +224,7 @@ class VLLMClient:
         stop: Sequence[str] = (),
         stop_token_ids: Sequence[int] = (),
         seed: int | None = None,
+        json_schema: dict[str, Any] | None = None,
     ) -> list[Completion]:
         """One sampled continuation per prompt (token ids in, token ids and log-probs out).
 
@@ -237,6 +238,7 @@ class VLLMClient:
             stop: Stop strings (kept in the output).
             stop_token_ids: Tokens that end a continuation besides the tokenizer's EOS.
             seed: Seed of the request's sampling, for reproducible runs.
+            json_schema: Sample under this JSON schema (the server's structured outputs).
         """
         if not prompts:
             return []
@@ -258,6 +260,8 @@ class VLLMClient:
             body["stop"] = list(stop)
         if seed is not None:
             body["seed"] = int(seed)
+        if json_schema is not None:
+            body["structured_outputs"] = {"json": json_schema}
         answer = self._request("POST", "/v1/completions", body)
         rows = _choices(answer, len(prompts))
         return [_completion(row, b) for b, row in enumerate(rows)]

@@ -23,7 +23,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from textgym_agents.choices import ChoiceScores
-from textgym_agents.engines.vllm_client import VLLMClient, VLLMResponseError, VLLMServerError
+from textgym_agents.engines.vllm_client import (
+    Completion,
+    VLLMClient,
+    VLLMResponseError,
+    VLLMServerError,
+)
+from textgym_agents.engines.vllm_grammar import constrained_rollout
 from textgym_agents.engines.vllm_server import SERVED_NAME, VLLMServer
 from textgym_agents.generation import Generation, cut_reply
 
@@ -164,24 +170,26 @@ class VLLMEngine:
         prompts: list[list[int]],
         mode: str,
         choices: Sequence[Sequence[str]] | None,
+        schemas: Sequence[dict[str, Any] | None] | None = None,
         *,
         greedy: bool,
         max_new_tokens: int,
     ) -> Generation:
         """What :meth:`PPOPolicy.generate <textgym_agents.PPOPolicy.generate>` returns, from vLLM.
 
-        Free text, or one of each row's ``choices`` (``mode`` from
-        :func:`~textgym_agents.constrained.decoding_mode`).
+        Free text, one of each row's ``choices``, or a reply under each row's schema (``mode``
+        from :func:`~textgym_agents.constrained.decoding_mode`).
 
         A choice is drawn from the distribution over the row's choices, scored with
         ``prompt_logprobs``; ``Generation.logps`` stays None, so the trainer scores the turn
-        itself and PPO's ratio is exact.
+        itself and PPO's ratio is exact. A constrained reply is sampled under the server's
+        llguidance grammar and carries the masks this process rebuilds
+        (:func:`~textgym_agents.engines.vllm_grammar.replay`), so scoring masks the same tokens.
         """
         if mode == "constrained":
-            raise ValueError(
-                "decoding='constrained' does not run on rollout_engine='vllm' yet (the server's "
-                "grammar masks are not the ones training scores under); use decoding='free' or "
-                "'choices', or rollout_engine='hf'"
+            assert schemas is not None
+            return constrained_rollout(
+                self, prompts, schemas, greedy=greedy, max_new_tokens=max_new_tokens
             )
         if mode == "choices":
             assert choices is not None
@@ -209,6 +217,39 @@ class VLLMEngine:
         not use them (its old log-probs come from the trainer's scoring pass).
         """
         policy, config = self.policy, self.policy.config
+        completions = self.complete(
+            prompts,
+            greedy=greedy,
+            max_new_tokens=max_new_tokens,
+            stop=config.stop_strings,
+            adapter=adapter,
+        )
+        responses, logps = [], []
+        for completion in completions:
+            ids = cut_reply(
+                completion.token_ids, policy.tokenizer, policy.eos_ids, config.stop_strings
+            )
+            responses.append(ids)
+            logps.append(completion.logps[: len(ids)])
+        texts = policy.tokenizer.batch_decode(responses, skip_special_tokens=True)
+        prefix = config.reply_prefix
+        return Generation(prompts, responses, [prefix + text for text in texts], token_logps=logps)
+
+    def complete(
+        self,
+        prompts: list[list[int]],
+        *,
+        greedy: bool,
+        max_new_tokens: int,
+        stop: Sequence[str],
+        adapter: bool = True,
+        json_schema: dict[str, Any] | None = None,
+    ) -> list[Completion]:
+        """The server's continuations under the config's sampling settings, token ids checked.
+
+        ``json_schema`` samples under that schema (the server's structured outputs).
+        """
+        policy, config = self.policy, self.policy.config
         model = self.sync_adapter() if adapter else SERVED_NAME
         completions = self.client.complete(
             prompts,
@@ -217,11 +258,11 @@ class VLLMEngine:
             temperature=0.0 if greedy else config.temperature,
             top_p=1.0 if greedy else config.top_p,
             top_k=0 if greedy else config.top_k,
-            stop=config.stop_strings,
+            stop=stop,
             stop_token_ids=sorted(policy.eos_ids),
             seed=None if greedy else int(torch.randint(0, 2**31 - 1, ())),
+            json_schema=json_schema,
         )
-        responses, logps = [], []
         vocab = len(policy.tokenizer)
         for b, completion in enumerate(completions):
             if (
@@ -232,14 +273,7 @@ class VLLMEngine:
                     f"Expected at most {max_new_tokens} token ids < {vocab} in reply {b}, got "
                     f"{completion.token_ids[:50]}; does the server run the policy's base model?"
                 )
-            ids = cut_reply(
-                completion.token_ids, policy.tokenizer, policy.eos_ids, config.stop_strings
-            )
-            responses.append(ids)
-            logps.append(completion.logps[: len(ids)])
-        texts = policy.tokenizer.batch_decode(responses, skip_special_tokens=True)
-        prefix = config.reply_prefix
-        return Generation(prompts, responses, [prefix + text for text in texts], token_logps=logps)
+        return completions
 
     def choice_scores(
         self, prompts: Sequence[list[int]], choices: Sequence[Sequence[list[int]]]

