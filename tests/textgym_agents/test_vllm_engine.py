@@ -249,3 +249,22 @@ def test_reloading_under_the_same_name_would_serve_stale_blocks(policy, engine):
     ).item()
     print(f"same name reloaded: largest log-prob difference {worst:.2e}")
     assert worst > 100 * TOLERANCE
+
+
+@needs_server
+def test_ppo_trains_on_constrained_server_rollouts(server, tmp_path):
+    env = gym.make_vec("textgym/Blackjack-v1", num_envs=2)  # short prompts: quick LoRA prefill
+    settings = dict(num_steps=2, minibatch_size=4, micro_batch_size=4, num_epochs=1)
+    settings |= dict(decoding="constrained", reply_prefix="", max_new_tokens=12)
+    settings |= dict(rollout_engine="vllm", vllm_url=server.url, vllm_request_timeout=120)
+    config = PPOConfig.for_env(env, progress=False, save_every=0, seed=0, **settings)
+    policy = PPOPolicy.from_pretrained(None, dtype="float32", config=config)
+    try:
+        policy.learn(env, 4, output_dir=tmp_path / "run")
+        engine = policy.rollout_engine()
+        assert engine.syncs >= 1
+    finally:
+        policy.close_rollout_engine()
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    assert rows and all(row["env/invalid_rate"] == 0.0 for row in rows)
+    assert abs(rows[0]["policy/ratio_mean"] - 1.0) < 1e-5  # one minibatch: the first ratio
