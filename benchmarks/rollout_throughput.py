@@ -6,6 +6,7 @@ noise.
 
     python benchmarks/rollout_throughput.py [--envs 16] [--rounds 3] [--max-new-tokens 24]
     python benchmarks/rollout_throughput.py --engine vllm [--vllm-url URL] [--lora-scale 0.02]
+        [--decoding free|constrained]
 
 Default: one batched HF call vs one call per prompt; target (issue 3): batched >= 8x.
 ``--engine vllm``: one batched HF call vs one batched request to a vLLM server (started from
@@ -24,7 +25,7 @@ import time
 import gymnasium as gym
 import torch
 
-import textgym  # noqa: F401
+import textgym
 from textgym_agents import PPOConfig, PPOPolicy
 
 TARGET = 8.0
@@ -39,9 +40,17 @@ def main() -> None:
     parser.add_argument("--engine", choices=["hf", "vllm"], default="hf")
     parser.add_argument("--vllm-url", default=None, help="a running vLLM server (else start one)")
     parser.add_argument("--lora-scale", type=float, default=0.02)
+    parser.add_argument(
+        "--decoding",
+        choices=["free", "constrained"],
+        default="free",
+        help="--engine vllm: free text, or replies under Blackjack's JSON schema",
+    )
     args = parser.parse_args()
     torch.manual_seed(0)
-    config = PPOConfig(max_new_tokens=args.max_new_tokens, vllm_url=args.vllm_url)
+    config = PPOConfig(
+        max_new_tokens=args.max_new_tokens, vllm_url=args.vllm_url, decoding=args.decoding
+    )
     dtype = "float32" if args.engine == "vllm" else None  # the server serves the fp32 copy
     policy = PPOPolicy.from_pretrained(args.model, dtype=dtype, config=config)
     env = gym.make("textgym/Blackjack-v1")
@@ -83,11 +92,13 @@ def compare_vllm(policy: PPOPolicy, prompts: list, args: argparse.Namespace) -> 
     start = time.perf_counter()
     engine = policy.rollout_engine()  # connects, or starts a server and waits for it
     print(f"vLLM {engine.version} ready in {time.perf_counter() - start:.1f} s")
+    schema = textgym.reply_schemas(gym.make("textgym/Blackjack-v1"))
+    schemas = [schema] * len(prompts) if args.decoding == "constrained" else None
 
     def run(name: str) -> tuple[float, list[list[int]]]:
         policy.config.rollout_engine = name
         start = time.perf_counter()
-        generation = policy.generate(prompts, greedy=True)
+        generation = policy.generate(prompts, greedy=True, schemas=schemas)
         return time.perf_counter() - start, generation.response_ids
 
     try:
@@ -103,7 +114,10 @@ def compare_vllm(policy: PPOPolicy, prompts: list, args: argparse.Namespace) -> 
         policy.close_rollout_engine()
     same = sum(a == b for a, b in zip(replies["hf"], replies["vllm"], strict=True))
     tokens = sum(len(r) for r in replies["hf"])
-    print(f"{args.envs} Blackjack prompts, {tokens} reply tokens, greedy, LoRA adapter, median of")
+    print(
+        f"{args.envs} Blackjack prompts, {tokens} reply tokens, greedy, {args.decoding} decoding, "
+        "LoRA adapter, median of"
+    )
     print(f"{args.rounds} rounds (one batched call each; HF in this process, vLLM over HTTP)")
     rates = {name: args.envs / statistics.median(times) for name, times in timings.items()}
     print(f"HF generate: {rates['hf']:6.2f} turns/s")
