@@ -48,6 +48,16 @@ def prompts(count, filler=0):
     return observations
 
 
+def largest_logp_gap(policy, generation):
+    """Largest per-token gap between the server's log-probs and our scoring of its replies."""
+    scores = policy.score(generation.prompt_ids, generation.response_ids, values=False)
+    worst = 0.0
+    for row, logps in enumerate(generation.token_logps):
+        ours = scores.logps[row, : len(logps)].double()
+        worst = max(worst, (ours - torch.tensor(logps, dtype=torch.float64)).abs().max().item())
+    return worst
+
+
 def hf(policy, batch, **kwargs):
     engine, policy.config.rollout_engine = policy.config.rollout_engine, "hf"
     try:
@@ -90,11 +100,7 @@ def test_greedy_replies_equal_hf_and_log_probs_match_scoring(policy, engine):
 
     torch.manual_seed(3)
     sampled = policy.generate(batch)  # temperature 1: the server's log-probs are the policy's
-    scores = policy.score(sampled.prompt_ids, sampled.response_ids, values=False)
-    worst = 0.0
-    for row, logps in enumerate(sampled.token_logps):
-        ours = scores.logps[row, : len(logps)].double()
-        worst = max(worst, (ours - torch.tensor(logps, dtype=torch.float64)).abs().max().item())
+    worst = largest_logp_gap(policy, sampled)
     print(f"largest per-token log-prob difference, server vs scoring: {worst:.2e}")
     assert worst < TOLERANCE
     assert sampled.logps is None  # PPO's old log-probs come from the trainer's scoring pass
@@ -198,11 +204,7 @@ def test_constrained_samples_score_as_the_server_sampled_them(constrained, engin
     batch, schemas = constrained_batch()
     torch.manual_seed(5)
     sampled = constrained.generate(batch, schemas=schemas)
-    scores = constrained.score(sampled.prompt_ids, sampled.response_ids, values=False)
-    worst = 0.0
-    for row, logps in enumerate(sampled.token_logps):
-        ours = scores.logps[row, : len(logps)].double()
-        worst = max(worst, (ours - torch.tensor(logps, dtype=torch.float64)).abs().max().item())
+    worst = largest_logp_gap(constrained, sampled)
     print(f"constrained: largest per-token log-prob difference, server vs scoring: {worst:.2e}")
     assert worst < TOLERANCE  # the server's grammar mask is the one training renormalises over
     for row, name in enumerate(["textgym/Calculator-v0"] * 2 + ["textgym/Blackjack-v1"] * 2):

@@ -1,0 +1,136 @@
+"""Free-text decode speed of the embedded model, as a share of this machine's bandwidth bound.
+
+At batch 1 a decode step reads every weight from memory once, so (weight bytes) / (read
+bandwidth) bounds the steps per second; both are measured in this run, with the same threads.
+Arms, on the same prompt, greedy, the same number of new tokens:
+
+- ``policy``: ``PPOPolicy.generate`` (the rollout path: LoRA adapter attached, our cut),
+- ``plain HF``: transformers ``generate`` on the same base weights without peft, as a
+  reference for what the adapter's layers cost.
+
+    python benchmarks/decode_speed.py [--tokens 32] [--batches 1 16] [--rounds 3] [--model M]
+
+Target (issue 17, item 6): the policy at batch 1 >= 50% of the bound. Rounds alternate the
+arms, so machine noise falls on both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorList
+
+from textgym_agents import PPOConfig, PPOPolicy
+from textgym_agents.models import embedded_model_dir
+
+TARGET = 0.5
+PROMPT = [{"role": "user", "content": "Tell me a long story about a dragon and a knight."}]
+
+
+class NoEOS(LogitsProcessor):
+    """Keeps ``generate`` going for exactly ``max_new_tokens`` (EOS never wins)."""
+
+    def __init__(self, eos: list[int]) -> None:
+        self.eos = eos
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        scores[:, self.eos] = float("-inf")
+        return scores
+
+
+def read_bandwidth(gib: float = 1.0, rounds: int = 5) -> float:
+    """Best-of-``rounds`` bytes/s of summing a ``gib``-GiB float32 tensor (a pure stream)."""
+    data = torch.ones(int(gib * 2**30 / 4))
+    best = float("inf")
+    for _ in range(rounds):
+        start = time.perf_counter()
+        data.sum()
+        best = min(best, time.perf_counter() - start)
+    return data.numel() * 4 / best
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the distinct parameters and buffers a forward reads (tied weights once)."""
+    seen, total = set(), 0
+    for tensor in [*model.parameters(), *model.buffers()]:
+        if tensor.data_ptr() not in seen:
+            seen.add(tensor.data_ptr())
+            total += tensor.numel() * tensor.element_size()
+    return total
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=32, help="new tokens per reply")
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--model", default=None, help="model name or path (default: embedded)")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    config = PPOConfig(max_new_tokens=args.tokens, decoding="free", reply_prefix="")
+    policy = PPOPolicy.from_pretrained(args.model, config=config)
+    dtype = next(policy.model.parameters()).dtype
+    path = args.model or embedded_model_dir()
+    plain = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+    eos = sorted(policy.eos_ids)
+    processors = LogitsProcessorList([NoEOS(eos)])
+    pad = policy.tokenizer.pad_token_id
+
+    def ours(batch: int) -> tuple[float, int]:
+        start = time.perf_counter()
+        generation = policy.generate([PROMPT] * batch, greedy=True)
+        seconds = time.perf_counter() - start
+        return seconds, max(len(r) for r in generation.response_ids)  # steps actually run
+
+    def reference(batch: int) -> tuple[float, int]:
+        ids = torch.tensor([policy.encode(PROMPT)] * batch)
+        start = time.perf_counter()
+        with torch.no_grad():
+            output = plain.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=args.tokens,
+                do_sample=False,
+                top_k=None,
+                logits_processor=processors,
+                pad_token_id=pad,
+                eos_token_id=eos,
+            )
+        return time.perf_counter() - start, output.shape[1] - ids.shape[1]
+
+    bandwidth = read_bandwidth()
+    size = weight_bytes(plain)
+    bound = bandwidth / size
+    print(
+        f"{dtype}, {torch.get_num_threads()} threads; read bandwidth {bandwidth / 1e9:.1f} GB/s, "
+        f"weights {size / 1e9:.3f} GB: bound {bound:.1f} decode steps/s at batch 1"
+    )
+    arms = {"policy": ours, "plain HF": reference}
+    for batch in args.batches:
+        for arm in arms.values():
+            arm(batch)  # warm-up
+        times: dict[str, list[float]] = {name: [] for name in arms}
+        steps: dict[str, int] = {}
+        for _ in range(args.rounds):
+            for name, arm in arms.items():
+                seconds, steps[name] = arm(batch)
+                times[name].append(seconds)
+        print(f"batch {batch}, {args.tokens} new tokens, median of {args.rounds}:")
+        for name in arms:
+            rate = steps[name] / statistics.median(times[name])
+            print(
+                f"  {name:9s} {rate:6.1f} steps/s = {rate * batch:7.1f} tokens/s "
+                f"({steps[name]} steps), {rate / bound:5.1%} of the batch-1 bound"
+            )
+        if batch == 1:
+            share = steps["policy"] / statistics.median(times["policy"]) / bound
+            verdict = "met" if share >= TARGET else "MISSED"
+            target = f"target >= {TARGET:.0%}: {verdict}"
+            print(f"  policy at batch 1: {share:.1%} of the bound ({target})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,17 @@
+"""`benchmarks/decode_speed.py` end to end with the tiny model."""
+
+import re
+
+from tests.benchmarks.scripts import run_script
+
+
+def test_both_arms_are_compared_with_the_measured_bound(tiny_dir):
+    args = ["--model", tiny_dir, "--tokens", "4", "--batches", "1", "2", "--rounds", "1"]
+    lines = run_script("decode_speed.py", *args, timeout=300).stdout.splitlines()
+    bound = next(line for line in lines if "read bandwidth" in line)
+    assert float(re.search(r"bound ([\d.]+) decode steps/s", bound).group(1)) > 0
+    rows = [line.split()[0] for line in lines if "of the batch-1 bound" in line]
+    assert rows == ["policy", "plain"] * 2  # both arms at both batch sizes
+    plain = [line for line in lines if line.strip().startswith("plain HF")]
+    assert all("(4 steps)" in line for line in plain)  # EOS suppressed: exactly --tokens
+    assert any(line.startswith("  policy at batch 1:") for line in lines)
