@@ -29,6 +29,7 @@ from textgym_agents.constrained import JSON_OPTIONS, GrammarMask
 from textgym_agents.engines.vllm_client import VLLMResponseError
 from textgym_agents.engines.vllm_server import GUIDANCE_ARGS
 from textgym_agents.generation import Generation
+from textgym_agents.shared_prefix import common_prefix_length
 
 if TYPE_CHECKING:
     from textgym_agents.engines.vllm_engine import VLLMEngine
@@ -86,10 +87,11 @@ def replay(grammar: GrammarMask, sampled: Sequence[Sequence[int]], budget: int) 
     chosen: list[list[int]] = [[] for _ in range(rows)]
     diverged = [False] * rows
     last = torch.zeros((rows, 1), dtype=torch.long)
+    scores = torch.zeros((rows, vocab))  # the mask never depends on them; not modified
     for step in range(budget):
         if all(grammar.done):
             break
-        allowed = grammar(last, torch.zeros((rows, vocab))) > float("-inf")
+        allowed = grammar(last, scores) > float("-inf")
         for b in range(rows):
             if grammar.done[b]:
                 last[b, 0] = eos  # ignored: the row is finished
@@ -112,7 +114,7 @@ def _forced(grammar: GrammarMask, allowed: torch.Tensor, b: int, step: int, toke
     raise VLLMResponseError(
         f"The vLLM server's reply {b} left the reply grammar at token {step} (after {text!r}, "
         f"got token {token!r}): the server must sample with the llguidance backend, the one "
-        f"training scores under; start it with {' '.join(GUIDANCE_ARGS[:1])} "
+        f"training scores under; start it with {GUIDANCE_ARGS[0]} "
         f"'{GUIDANCE_ARGS[1]}' (a server textgym starts has it)"
     )
 
@@ -165,11 +167,8 @@ def constrained_rollout(
         grammar = compiler.mask([schema] * len(rows), (), config.stop_strings, max_new_tokens)
         replies = replay(grammar, [c.token_ids for c in completions], max_new_tokens)
         for b, reply, completion in zip(rows, replies, completions, strict=True):
-            kept = 0  # the server's log-probs hold for the tokens it picked, up to a forced one
-            while kept < min(len(reply), len(completion.token_ids)) and (
-                reply[kept] == completion.token_ids[kept]
-            ):
-                kept += 1
+            # The server's log-probs hold for the tokens it picked, up to a forced one.
+            kept = common_prefix_length([reply, completion.token_ids])
             responses[b], logps[b] = reply, completion.logps[:kept]
     texts = policy.tokenizer.batch_decode(responses, skip_special_tokens=True)
     return Generation(prompts, responses, texts, token_logps=logps)
