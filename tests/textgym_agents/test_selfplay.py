@@ -54,6 +54,9 @@ def test_the_opponent_adapter_does_not_change_during_an_update(tiny):
     assert {id(p) for p in learner} <= optimised
     assert not {id(p) for p in snapshot} & optimised
     before, learner_before = state(snapshot), state(learner)
+    # A zero value head and three moves without a finished game give all-zero advantages and
+    # no gradient at all; nonzero values make every GAE advantage nonzero whatever is played.
+    perturb(policy.value_head.parameters())
     buffer = trainer.collect()
     trainer.update(buffer, trainer.collector.drain())
     assert all(torch.equal(a, b) for a, b in zip(before, state(snapshot), strict=True))
