@@ -259,7 +259,7 @@ def test_load_model_round_trips_a_local_dir(tiny, tmp_path):
     model, tokenizer = tiny
     model.save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
-    loaded, loaded_tokenizer = load_model(str(tmp_path), device="cpu")
+    loaded, loaded_tokenizer = load_model(str(tmp_path), device="cpu", dtype="fp32")
     assert not loaded.training
     assert loaded.dtype == torch.float32
     assert loaded_tokenizer.padding_side == "left"
@@ -269,6 +269,9 @@ def test_load_model_round_trips_a_local_dir(tiny, tmp_path):
     )
     as_bf16, _ = load_model(tmp_path, dtype="bf16", device="cpu")
     assert as_bf16.dtype == torch.bfloat16
+    # The default is "auto": this machine's measured choice (bf16 where its matmuls are fast).
+    as_auto, _ = load_model(tmp_path, device="cpu")
+    assert as_auto.dtype == resolve_dtype("auto", "cpu")
 
 
 def test_load_model_names_what_was_tried(tmp_path):
@@ -336,8 +339,9 @@ def test_embedded_cache_is_built_once_then_reused(fake_gguf, tmp_path):
 @pytest.mark.parametrize("cold", [True, False])
 def test_embedded_adapter_names_the_cached_copy(fake_gguf, tmp_path, cold):
     if not cold:
-        load_model(device="cpu")  # fill the cache: the next load reads it
-    model, _ = load_model(device="cpu")
+        load_model(device="cpu", dtype="fp32")  # fill the cache: the next load reads it
+    # fp32 like the cached copy, so peft's reload below computes exactly what this model does.
+    model, _ = load_model(device="cpu", dtype="fp32")
     assert model.config._name_or_path == str(embedded_model_dir())
     assert embedded_model_dir() == tmp_path / "cache" / "models" / EMBEDDED_MODEL
     peft_model = attach_lora(model)

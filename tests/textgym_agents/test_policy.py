@@ -158,7 +158,7 @@ def test_save_load_reproduces_logps_and_values(tmp_path):
     assert torch.equal(before.values, after.values)
     assert loaded.config.max_new_tokens == 6
     # the adapter is plain peft: loadable for inference elsewhere
-    base, _ = tiny_model()
+    base, _ = tiny_model(dtype=loaded.model.dtype)  # the dtype "auto" chose on this machine
     reloaded = PeftModel.from_pretrained(base, tmp_path / "saved" / "adapter")
     ids = torch.tensor([generation.prompt_ids[0]])
     with torch.no_grad():
