@@ -7,7 +7,10 @@ the speed switches:
 - before: float32, a separate scoring pass before every update (reuse_rollout_scores=False),
   transformers' sdpa attention (gqa_attention=False);
 - now:    dtype "auto" (bf16 where this machine runs it fast, see textgym_agents.precision),
-  the rollout's choice log-probs and values reused, sdpa_gqa attention.
+  the rollout's choice log-probs and values reused, sdpa_gqa attention, and on a bf16 base
+  the LoRA products in bf16 too (mixed_precision);
+- lora32:  "now" with the LoRA products in fp32 (mixed_precision=False; the same as "now" where
+  "auto" picks float32), to show what mixed precision adds.
 
 The arms alternate update by update in one process (after one warm-up update each), so
 machine load drifts affect both alike, and each update samples with the same seed in both
@@ -37,6 +40,7 @@ from textgym_agents.precision import cpu_signature
 ENV = "textgym/Blackjack-v1"
 ARMS = {
     "before": ({"reuse_rollout_scores": False, "gqa_attention": False}, "float32"),
+    "lora32": ({"mixed_precision": False}, "auto"),
     "now": ({}, "auto"),
 }
 PHASES = ("time/rollout_s", "time/score_s", "time/update_s")
@@ -61,7 +65,7 @@ def main() -> None:
     totals = {name: dict.fromkeys((*PHASES, "seconds", "hands", "turns"), 0.0) for name in ARMS}
     for update in range(args.updates + 1):
         for name, trainer in trainers.items():
-            # The same sampling seed for both arms: their log-probs agree (fp32: to rounding),
+            # The same sampling seed for every arm: their log-probs agree (fp32: to rounding),
             # so they play the same hands and the same turns, and only the speed differs.
             torch.manual_seed(update)
             episodes, turns = trainer.episodes, trainer.turns
@@ -91,12 +95,21 @@ def main() -> None:
             f"{total['time/update_s']:9.1f} {total['turns']:6.0f} {total['hands']:6.0f} "
             f"{total['turns'] / total['seconds']:8.3f} {rate[name]:8.3f}"
         )
+    print()
+    for name, total in totals.items():
+        if name == "lora32":
+            turns = total["turns"] / total["seconds"]
+            before = totals["before"]["turns"] / totals["before"]["seconds"]
+            print(
+                f"{name} / before: {rate[name] / rate['before']:.2f}x hands/s, "
+                f"{turns / before:.2f}x turns/s"
+            )
     ratio = rate["now"] / rate["before"]
     fast_bf16 = trainers["now"].policy.base_info["precision"]["dtype"] == "bfloat16"
     target = 2.5 if fast_bf16 else 1.2
     verdict = "met" if ratio >= target else "NOT met"
     print(f"\nnow / before: {ratio:.2f}x hands/s (target >= {target}x: {verdict})")
-    print(f"peak RSS of this process (both arms): {resource.getrusage(0).ru_maxrss / 1e6:.2f} GB")
+    print(f"peak RSS of this process (all arms): {resource.getrusage(0).ru_maxrss / 1e6:.2f} GB")
 
 
 if __name__ == "__main__":

@@ -150,4 +150,6 @@ class ValueHead(nn.Module):
                 f"Expected hidden states with last dim {self.hidden_size}, "
                 f"got shape {tuple(hidden_states.shape)}"
             )
-        return self.summary(hidden_states.to(self.summary.weight.dtype)).squeeze(-1)
+        # In the head's own dtype even under a caller's autocast (mixed precision): an fp32 critic.
+        with torch.autocast(hidden_states.device.type, enabled=False):
+            return self.summary(hidden_states.to(self.summary.weight.dtype)).squeeze(-1)

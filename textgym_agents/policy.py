@@ -26,6 +26,7 @@ from textgym_agents.generation import Generation, generate_text
 from textgym_agents.models import load_model, resolve_precision
 from textgym_agents.policy_files import load_policy_parts, save_policy, save_policy_files
 from textgym_agents.ppo.config import PPOConfig
+from textgym_agents.precision import in_compute_dtype
 from textgym_agents.scoring import PolicyScoring, Scores
 
 __all__ = ["Generation", "PPOPolicy", "Scores"]
@@ -153,6 +154,7 @@ class PPOPolicy(PolicyScoring):
         return self._prefix_cache[1]
 
     @torch.no_grad()
+    @in_compute_dtype
     def generate(
         self,
         batch: Sequence[Messages],

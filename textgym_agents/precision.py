@@ -12,14 +12,19 @@ log-softmax and losses stay fp32 whatever is chosen.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import platform
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 import torch
+from peft.helpers import disable_input_dtype_casting
+from torch import nn
 
 from textgym.atomic import atomic_write_json
 
@@ -29,10 +34,13 @@ __all__ = [
     "Precision",
     "choose_precision",
     "cpu_signature",
+    "in_compute_dtype",
     "matmul_gflops",
+    "mixed_precision",
 ]
 
 logger = logging.getLogger(__name__)
+_Method = TypeVar("_Method", bound=Callable[..., Any])
 
 BF16_MIN_SPEEDUP = 1.25
 """bf16 is chosen on a CPU when its measured matmul FLOP/s beat fp32's by at least this factor."""
@@ -155,3 +163,51 @@ def choose_precision(device: torch.device, *, cache_file: Path | None = None) ->
         f"({speedup:.2f}x; bf16 needs >= {BF16_MIN_SPEEDUP}x)"
     )
     return Precision(torch.bfloat16 if fast else torch.float32, reason, fp32, bf16)
+
+
+@contextlib.contextmanager
+def mixed_precision(model: nn.Module, *, enabled: bool = True) -> Iterator[None]:
+    """Run the LoRA products of a bf16 (or fp16) model in that dtype too: mixed precision.
+
+    peft computes an adapter in its weights' dtype, float32 here (they are trainable master
+    weights), so at every adapted layer of a bf16 model it casts the activations up, runs the
+    two small matmuls and the residual add in fp32 and casts back. Inside this context they
+    run in the base model's dtype (``torch.autocast``, peft's input cast switched off); the
+    LoRA weights and their gradients stay fp32 (autocast casts a copy per forward), and so do
+    the value head (it computes with autocast off) and everything the caller does with
+    ``.float()`` logits. Nothing changes for a float32 model or with ``enabled=False``.
+
+    Example:
+        >>> from textgym_agents.adapters import attach_lora
+        >>> from textgym_agents.testing import tiny_model
+        >>> model = attach_lora(tiny_model(dtype=torch.bfloat16)[0])
+        >>> with mixed_precision(model):
+        ...     hidden = model(input_ids=torch.tensor([[1, 2, 3]]), output_hidden_states=True)
+        >>> hidden.hidden_states[-1].dtype
+        torch.bfloat16
+    """
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    weight = base.get_output_embeddings().weight
+    if not enabled or weight.dtype == torch.float32:
+        yield
+        return
+    with (
+        torch.autocast(weight.device.type, dtype=weight.dtype),
+        disable_input_dtype_casting(model),
+    ):
+        yield
+
+
+def in_compute_dtype(method: _Method) -> _Method:
+    """Decorate a policy method to run under :func:`mixed_precision` of ``self.model``.
+
+    Switched by ``self.config.mixed_precision``; every method that runs the model (rollout,
+    scoring, training) carries it, so old and new log-probs come from the same numerics.
+    """
+
+    @functools.wraps(method)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with mixed_precision(self.model, enabled=self.config.mixed_precision):
+            return method(self, *args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]

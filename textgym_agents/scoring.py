@@ -21,6 +21,7 @@ from torch.utils.checkpoint import checkpoint
 from textgym_agents.choices import ChoiceScores, merge_rows, score_choices
 from textgym_agents.constrained import allowed_tokens, mask_logits
 from textgym_agents.ppo.core import entropy, logprobs_from_logits
+from textgym_agents.precision import in_compute_dtype
 from textgym_agents.shared_prefix import continue_tree, decoder_hidden_states, run_rows
 
 __all__ = ["HEAD_CHUNK_POSITIONS", "PolicyScoring", "Scores"]
@@ -52,6 +53,7 @@ class PolicyScoring:
         """Device of the model."""
         return next(self.model.parameters()).device
 
+    @in_compute_dtype
     def score(
         self,
         prompts: Sequence[list[int]],
@@ -100,6 +102,7 @@ class PolicyScoring:
         logps, mask, value, ent = merge_rows(parts, len(prompts))
         return Scores(logps=logps, mask=mask, values=value, entropy=ent)
 
+    @in_compute_dtype
     def score_choices(
         self,
         prompts: Sequence[list[int]],
@@ -241,6 +244,7 @@ class PolicyScoring:
             return logps, logps.new_zeros(())
         return logps, entropy(logits, temperature=temperature)
 
+    @in_compute_dtype
     def prompt_values(self, prompts: Sequence[list[int]]) -> torch.Tensor:
         """Value of each prompt (no reply), for bootstrapping."""
         hidden, offset = self._hidden_states(prompts, max_shared=min(len(p) for p in prompts) - 1)

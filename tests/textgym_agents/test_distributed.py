@@ -50,7 +50,9 @@ WORKER = textwrap.dedent(
 
 
     def build(shift, **config):
-        policy = PPOPolicy.from_pretrained(tiny, config=PPOConfig(progress=False, **config))
+        # float32 whatever "auto" picks here: the gradients are compared to float32 rounding.
+        config = PPOConfig(progress=False, **config)
+        policy = PPOPolicy.from_pretrained(tiny, dtype="float32", config=config)
         with torch.no_grad():  # processes that start apart: the trainer must align them
             for weight in weights(policy):
                 weight.add_(shift)

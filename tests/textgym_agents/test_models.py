@@ -465,14 +465,15 @@ def embedded(tmp_path_factory):
 
         mp.setattr(models, "_load_gguf", counting_gguf)
         mp.setattr(AutoModelForCausalLM, "from_pretrained", counting_from_pretrained)
-        first = load_model(device="cpu")
+        # float32, the cached copy's dtype, whatever "auto" picks on this machine.
+        first = load_model(device="cpu", dtype="fp32")
         first_reads = dict(reads)
 
         def no_gguf(*args):
             raise AssertionError("the cached load must not read the GGUF file")
 
         mp.setattr(models, "_load_gguf", no_gguf)
-        second = load_model(device="cpu")
+        second = load_model(device="cpu", dtype="fp32")
         second_reads = {key: reads[key] - first_reads[key] for key in reads}
     return {"first": first, "second": second, "reads": (first_reads, second_reads)}
 
@@ -506,7 +507,7 @@ def test_embedded_gguf_model_can_be_saved(embedded, tmp_path):
     assert getattr(model.config, "quantization_config", None) is None
     model.save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
-    reloaded, reloaded_tokenizer = load_model(tmp_path, device="cpu")
+    reloaded, reloaded_tokenizer = load_model(tmp_path, device="cpu", dtype="fp32")
     torch.testing.assert_close(
         logits_of(reloaded, reloaded_tokenizer), logits_of(model, tokenizer), rtol=0, atol=0
     )

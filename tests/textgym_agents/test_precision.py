@@ -6,6 +6,7 @@ import torch
 
 import textgym  # noqa: F401
 from textgym_agents import PPOConfig, PPOPolicy, PPOTrainer
+from textgym_agents.adapters import ValueHead
 from textgym_agents.models import resolve_precision
 from textgym_agents.precision import (
     BF16_MIN_SPEEDUP,
@@ -13,6 +14,7 @@ from textgym_agents.precision import (
     choose_precision,
     cpu_signature,
     matmul_gflops,
+    mixed_precision,
 )
 from textgym_agents.testing import tiny_model
 
@@ -97,3 +99,88 @@ def test_bf16_first_ratio_is_one(decoding, reuse, atol, policy_loss_calls):
     assert new.dtype is torch.float32 and mask.sum() > 0
     torch.testing.assert_close(new * mask, old * mask, atol=atol, rtol=0)
     assert metrics["policy/ratio_mean"] == pytest.approx(1.0, abs=0.1)
+
+
+CHATS = [
+    [{"role": "user", "content": "Hit or stick?"}],
+    [{"role": "user", "content": "Your hand totals 15. The dealer shows a 10. Hit or stick?"}],
+]
+
+
+def nontrivial(policy):
+    """LoRA B and the value head away from their zero init, so both change the outputs."""
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, param in policy.model.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.1)
+        for param in policy.value_head.parameters():
+            param.copy_(torch.randn(param.shape, generator=generator) * 0.1)
+    return policy
+
+
+def lora_dtypes(policy):
+    """Records (input, output) dtypes of every LoRA A product while attached."""
+    seen = []
+    for name, module in policy.model.named_modules():
+        if name.endswith("lora_A.default"):
+            module.register_forward_hook(lambda m, a, out: seen.append((a[0].dtype, out.dtype)))
+    return seen
+
+
+@pytest.mark.parametrize(("mixed", "expected"), [(True, torch.bfloat16), (False, torch.float32)])
+def test_mixed_precision_runs_lora_in_the_base_dtype_with_fp32_masters(mixed, expected):
+    policy = nontrivial(bf16_policy(mixed_precision=mixed, max_new_tokens=4))
+    generation = policy.generate(CHATS)
+    seen = lora_dtypes(policy)
+    scores = policy.score(generation.prompt_ids, generation.response_ids)
+    assert seen and set(seen) == {(expected, expected)}
+    assert scores.logps.dtype is torch.float32 and scores.values.dtype is torch.float32
+    (scores.logps.sum() + scores.values.sum()).backward()
+    lora, head = policy.trainable_parameters()
+    assert all(p.grad is not None and p.grad.dtype is torch.float32 for p in lora + head)
+    assert any(p.grad.abs().sum() > 0 for p in lora)
+    assert all(p.dtype is torch.float32 for p in lora + head)
+
+
+def test_mixed_precision_changes_bf16_results_by_rounding_only():
+    mixed, plain = (nontrivial(bf16_policy(mixed_precision=m)) for m in (True, False))
+    generation = plain.generate(CHATS)
+    with torch.no_grad():
+        a = mixed.score(generation.prompt_ids, generation.response_ids)
+        b = plain.score(generation.prompt_ids, generation.response_ids)
+    assert not torch.equal(a.logps * a.mask, b.logps * b.mask)  # the LoRA products differ
+    torch.testing.assert_close(a.logps * a.mask, b.logps * b.mask, atol=0.1, rtol=0)
+    torch.testing.assert_close(a.values, b.values, atol=0.05, rtol=0.02)
+
+
+def test_mixed_precision_leaves_a_float32_model_alone():
+    policies = []
+    for mixed in (True, False):
+        model, tokenizer = tiny_model()
+        config = PPOConfig(mixed_precision=mixed, max_new_tokens=4)
+        policies.append(nontrivial(PPOPolicy(model, tokenizer, config=config)))
+    generation = policies[1].generate(CHATS)
+    with torch.no_grad():
+        a, b = (p.score(generation.prompt_ids, generation.response_ids) for p in policies)
+    assert torch.equal(a.logps, b.logps) and torch.equal(a.values, b.values)
+
+
+def test_value_head_stays_fp32_under_autocast():
+    head = ValueHead(8)
+    torch.nn.init.normal_(head.summary.weight)
+    hidden = torch.randn(2, 3, 8).bfloat16()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        inside = head(hidden)
+    assert inside.dtype is torch.float32
+    assert torch.equal(inside, head(hidden))
+
+
+def test_mixed_precision_restores_peft_input_casting():
+    policy = bf16_policy()
+    layers = [m for m in policy.model.modules() if hasattr(m, "cast_input_dtype_enabled")]
+    with mixed_precision(policy.model):
+        assert layers and not any(m.cast_input_dtype_enabled for m in layers)
+        assert torch.is_autocast_enabled("cpu")
+    assert all(m.cast_input_dtype_enabled for m in layers)
+    assert not torch.is_autocast_enabled("cpu")

@@ -85,6 +85,13 @@ class PPOConfig:
         "On CPU, run grouped-query attention without copying key/value heads (sdpa_gqa; same "
         "results, faster); False keeps transformers' sdpa.",
     )
+    mixed_precision: bool = _help(
+        True,
+        "With a bf16 base model (dtype 'auto' on a machine with fast bf16), run the LoRA "
+        "products in bf16 too (torch.autocast); LoRA and value-head weights, the optimizer, "
+        "log-softmax and losses stay fp32. False computes LoRA in fp32 (slower). No effect "
+        "on a float32 model.",
+    )
     # --- rollout engine (docs/vllm.md) -----------------------------------------------------
     rollout_engine: str = _help(
         "hf",
