@@ -264,11 +264,12 @@ def test_evaluate_with_choices_has_no_invalid_replies():
     assert result["invalid_rate"] == 0.0
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # bf16: mixed precision
 @pytest.mark.parametrize("seed", [0, 1])
-def test_policy_learns_to_prefer_paying_choice(seed):
+def test_policy_learns_to_prefer_paying_choice(seed, dtype):
     """With choices, a tiny model learns that "yes" pays: > 90% of greedy replies."""
     torch.manual_seed(seed)  # choices are sampled with torch's generator
-    model, tokenizer = tiny_model(word_tokenizer(WORDS), tie_word_embeddings=False)
+    model, tokenizer = tiny_model(word_tokenizer(WORDS), tie_word_embeddings=False, dtype=dtype)
     with torch.no_grad():  # a near-uniform start: both replies are sampled at first
         model.lm_head.weight.mul_(0.1)
     config = PPOConfig(
