@@ -12,7 +12,9 @@ In bf16 the CPU flash kernel is slow at the short query lengths of choice and re
 (16 rows × 4-29 queries over ~140 keys: 12-16 ms forward + backward per layer, 3-5x what two
 matmuls take), so small bf16 passes run :func:`grouped_attention` instead: the query heads of
 one key/value head stacked into one matmul (still no copy of keys or values), the softmax in
-float32. Its saved scores grow with rows × queries × keys, so it is used only up to
+float32. Which kernel runs depends on the pass's size, so a rollout pass and a training
+micro-batch over the same turns may use different ones (as their layouts already differ).
+Its saved scores grow with rows × queries × keys, so it is used only up to
 :data:`EAGER_MAX_SCORES` of them; larger passes keep the flash kernel.
 """
 
@@ -51,9 +53,12 @@ def grouped_attention(
 
     ``query`` (B, H, L, D) attends to ``key``/``value`` (B, H_kv, S, D): the H / H_kv query
     heads that share a key/value head are stacked into one (B, H_kv, groups × L, D) matmul, so
-    nothing is copied. ``mask`` is boolean (True attends) or additive, broadcastable to
-    (B, 1, L, S); a query that may attend to nothing gets a uniform average instead of NaN.
-    Returns (B, H, L, D), like ``scaled_dot_product_attention(..., enable_gqa=True)``.
+    keys and values are not copied. The scores come out of that matmul in the inputs' dtype
+    (as in transformers' eager attention; the flash kernel accumulates them in fp32), then
+    the scaling, mask and softmax run in fp32. ``mask`` is boolean (True attends) or additive,
+    broadcastable to (B, 1, L, S); a query that may attend to nothing gets a uniform average
+    instead of NaN. Returns (B, H, L, D_v), like
+    ``scaled_dot_product_attention(..., enable_gqa=True)``.
 
     Example:
         >>> q, k, v = torch.randn(2, 4, 3, 8), torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 8)
@@ -78,9 +83,9 @@ def grouped_attention(
         if mask.dtype == torch.bool:
             scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
         else:
-            scores = scores + mask.float()
+            scores = scores + mask.float().clamp(min=torch.finfo(scores.dtype).min)
     probs = scores.softmax(dim=-1).to(value.dtype).view(batch, kv_heads, groups * length, -1)
-    return (probs @ value).view(batch, heads, length, dim)
+    return (probs @ value).view(batch, heads, length, value.shape[-1])
 
 
 def gqa_sdpa_attention(

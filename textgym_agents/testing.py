@@ -59,6 +59,7 @@ def tiny_model(
     hidden_size: int = 64,
     num_layers: int = 2,
     num_heads: int = 4,
+    num_kv_heads: int | None = None,
     seed: int = 0,
     dtype: torch.dtype = torch.float32,
     tie_word_embeddings: bool = True,
@@ -67,7 +68,8 @@ def tiny_model(
 
     The weights are seeded without touching the global RNG; embeddings are tied like SmolLM2's
     unless ``tie_word_embeddings=False``, and the tokenizer's bos/eos/pad ids are set in the
-    config and generation config.
+    config and generation config. ``num_kv_heads`` below ``num_heads`` gives grouped-query
+    attention like SmolLM2's (default: one key/value head per query head).
 
     Example:
         >>> model, tokenizer = tiny_model()
@@ -84,6 +86,12 @@ def tiny_model(
             f"Expected num_heads to be a positive int dividing hidden_size={hidden_size}, "
             f"got {num_heads!r}"
         )
+    kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+    if not isinstance(kv_heads, int) or kv_heads < 1 or num_heads % kv_heads:
+        raise ValueError(
+            f"Expected num_kv_heads to be a positive int dividing num_heads={num_heads}, "
+            f"got {num_kv_heads!r}"
+        )
     tokenizer = prepare_tokenizer(load_tokenizer() if tokenizer is None else tokenizer)
     ids = {
         "bos_token_id": tokenizer.bos_token_id,
@@ -96,7 +104,7 @@ def tiny_model(
         intermediate_size=4 * hidden_size,
         num_hidden_layers=num_layers,
         num_attention_heads=num_heads,
-        num_key_value_heads=num_heads,
+        num_key_value_heads=kv_heads,
         max_position_embeddings=2048,
         tie_word_embeddings=tie_word_embeddings,
         # With tied embeddings and the usual 0.02 init, the residual stream is dominated by

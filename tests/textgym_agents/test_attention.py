@@ -47,10 +47,13 @@ def test_grouped_attention_in_bf16_is_within_bf16_rounding_of_float32():
     assert ours_error <= 2 * (flash.float() - exact).abs().max().item() + 1e-3
 
 
-def test_a_query_that_sees_nothing_stays_finite():
+@pytest.mark.parametrize("additive", [False, True])
+def test_a_query_that_sees_nothing_stays_finite(additive):
     q, k, v = qkv()
     mask = random_mask()
     mask[1, :, 2] = False  # a padding query: nothing to attend to
+    if additive:
+        mask = torch.zeros(mask.shape).masked_fill(~mask, float("-inf"))
     out = grouped_attention(q, k, v, mask)
     out.sum().backward()
     assert torch.isfinite(out).all()

@@ -70,8 +70,8 @@ def test_precision_record_is_json():
     assert json.loads(json.dumps(record))["dtype"] == "bfloat16"
 
 
-def bf16_policy(**overrides):
-    model, tokenizer = tiny_model(dtype=torch.bfloat16)
+def bf16_policy(num_kv_heads=None, **overrides):
+    model, tokenizer = tiny_model(dtype=torch.bfloat16, num_kv_heads=num_kv_heads)
     config = dict(num_steps=2, minibatch_size=8, micro_batch_size=4, kl_coef=0.0, seed=0)
     return PPOPolicy(model, tokenizer, config=PPOConfig(**{**config, **overrides}))
 
@@ -85,14 +85,19 @@ def test_bf16_model_keeps_trainable_weights_in_fp32():
     assert frozen and all(p.dtype is torch.bfloat16 for p in frozen)
 
 
+@pytest.mark.parametrize("num_kv_heads", [None, 2])  # 2: grouped-query heads, sdpa_gqa
 @pytest.mark.parametrize(
     ("decoding", "reuse", "atol"),
     [("free", True, 0.0), ("choices", False, 0.0), ("choices", True, 0.05)],
 )
-def test_bf16_first_ratio_is_one(decoding, reuse, atol, policy_loss_calls):
+def test_bf16_first_ratio_is_one(decoding, reuse, atol, num_kv_heads, policy_loss_calls):
     """Old and new log-probs in bf16: exact from one layout; reused rollout scores within 0.05."""
     calls = policy_loss_calls
-    policy = bf16_policy(decoding=decoding, reuse_rollout_scores=reuse, max_new_tokens=4)
+    policy = bf16_policy(
+        num_kv_heads, decoding=decoding, reuse_rollout_scores=reuse, max_new_tokens=4
+    )
+    grouped = policy.model.get_base_model().config._attn_implementation == "sdpa_gqa"
+    assert grouped is (num_kv_heads is not None)
     trainer = PPOTrainer(policy, gym.make_vec("textgym/Blackjack-v1", num_envs=4))
     metrics = trainer.update(trainer.collect())
     new, old, mask = calls[0]
@@ -156,6 +161,11 @@ def test_mixed_precision_changes_bf16_results_by_rounding_only():
 
 
 def test_mixed_precision_leaves_a_float32_model_alone():
+    model = PPOPolicy(*tiny_model()).model
+    layers = [m for m in model.modules() if hasattr(m, "cast_input_dtype_enabled")]
+    with mixed_precision(model):
+        assert not torch.is_autocast_enabled("cpu")
+        assert layers and all(m.cast_input_dtype_enabled for m in layers)
     policies = []
     for mixed in (True, False):
         model, tokenizer = tiny_model()
