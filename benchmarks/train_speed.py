@@ -87,28 +87,26 @@ def main() -> None:
     print(f"\n{args.updates} updates per arm after one warm-up, {args.num_envs} envs")
     header = f"{'arm':8} {'rollout s':>10} {'score s':>8} {'update s':>9} {'turns':>6} {'hands':>6}"
     print(f"{header} {'turns/s':>8} {'hands/s':>8}")
-    rate = {}
+    rate, turn_rate = {}, {}
     for name, total in totals.items():
         rate[name] = total["hands"] / total["seconds"]
+        turn_rate[name] = total["turns"] / total["seconds"]
         print(
             f"{name:8} {total['time/rollout_s']:10.1f} {total['time/score_s']:8.1f} "
             f"{total['time/update_s']:9.1f} {total['turns']:6.0f} {total['hands']:6.0f} "
-            f"{total['turns'] / total['seconds']:8.3f} {rate[name]:8.3f}"
+            f"{turn_rate[name]:8.3f} {rate[name]:8.3f}"
         )
     print()
-    for name, total in totals.items():
-        if name == "lora32":
-            turns = total["turns"] / total["seconds"]
-            before = totals["before"]["turns"] / totals["before"]["seconds"]
-            print(
-                f"{name} / before: {rate[name] / rate['before']:.2f}x hands/s, "
-                f"{turns / before:.2f}x turns/s"
-            )
+    for name in ("lora32", "now"):
+        print(
+            f"{name} / before: {rate[name] / rate['before']:.2f}x hands/s, "
+            f"{turn_rate[name] / turn_rate['before']:.2f}x turns/s"
+        )
     ratio = rate["now"] / rate["before"]
     fast_bf16 = trainers["now"].policy.base_info["precision"]["dtype"] == "bfloat16"
     target = 2.5 if fast_bf16 else 1.2
     verdict = "met" if ratio >= target else "NOT met"
-    print(f"\nnow / before: {ratio:.2f}x hands/s (target >= {target}x: {verdict})")
+    print(f"now: {ratio:.2f}x hands/s (target >= {target}x: {verdict})")
     print(f"peak RSS of this process (all arms): {resource.getrusage(0).ru_maxrss / 1e6:.2f} GB")
 
 

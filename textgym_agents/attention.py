@@ -130,9 +130,10 @@ def gqa_sdpa_attention(
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout, scaling, is_causal, **kwargs
         )
-    scores = query.numel() // query.shape[-1] * kv_length
+    n_scores = query.numel() // query.shape[-1] * kv_length
     one_mask = attention_mask is None or attention_mask.shape[1] == 1  # the same for all heads
-    if query.dtype != torch.float32 and not dropout and one_mask and scores <= EAGER_MAX_SCORES:
+    small = n_scores <= EAGER_MAX_SCORES
+    if query.dtype != torch.float32 and not dropout and one_mask and small:
         output = grouped_attention(query, key, value, attention_mask, scaling, causal)
         return output.transpose(1, 2).contiguous(), None
     output = torch.nn.functional.scaled_dot_product_attention(

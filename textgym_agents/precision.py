@@ -176,6 +176,9 @@ def mixed_precision(model: nn.Module, *, enabled: bool = True) -> Iterator[None]
     LoRA weights and their gradients stay fp32 (autocast casts a copy per forward), and so do
     the value head (it computes with autocast off) and everything the caller does with
     ``.float()`` logits. Nothing changes for a float32 model or with ``enabled=False``.
+    Nested use (``generate`` calls ``score_choices``) enters once: switching peft's casts walks
+    every module (~10 ms on the embedded model), and inside an autocast to the same dtype
+    they would only cast up and back down exactly.
 
     Example:
         >>> from textgym_agents.adapters import attach_lora
@@ -188,11 +191,13 @@ def mixed_precision(model: nn.Module, *, enabled: bool = True) -> Iterator[None]
     """
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     weight = base.get_output_embeddings().weight
-    if not enabled or weight.dtype == torch.float32:
+    device = weight.device.type
+    active = torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device) == weight.dtype
+    if not enabled or weight.dtype == torch.float32 or active:
         yield
         return
     with (
-        torch.autocast(weight.device.type, dtype=weight.dtype),
+        torch.autocast(device, dtype=weight.dtype),
         disable_input_dtype_casting(model),
     ):
         yield

@@ -160,9 +160,14 @@ def test_mixed_precision_changes_bf16_results_by_rounding_only():
     torch.testing.assert_close(a.values, b.values, atol=0.05, rtol=0.02)
 
 
+def tuner_layers(model):
+    """peft's adapted layers (those with an input-cast switch)."""
+    return [m for m in model.modules() if hasattr(m, "cast_input_dtype_enabled")]
+
+
 def test_mixed_precision_leaves_a_float32_model_alone():
     model = PPOPolicy(*tiny_model()).model
-    layers = [m for m in model.modules() if hasattr(m, "cast_input_dtype_enabled")]
+    layers = tuner_layers(model)
     with mixed_precision(model):
         assert not torch.is_autocast_enabled("cpu")
         assert layers and all(m.cast_input_dtype_enabled for m in layers)
@@ -189,8 +194,10 @@ def test_value_head_stays_fp32_under_autocast():
 
 def test_mixed_precision_restores_peft_input_casting():
     policy = bf16_policy()
-    layers = [m for m in policy.model.modules() if hasattr(m, "cast_input_dtype_enabled")]
+    layers = tuner_layers(policy.model)
     with mixed_precision(policy.model):
+        with mixed_precision(policy.model):  # nested (generate -> score_choices): entered once
+            pass
         assert layers and not any(m.cast_input_dtype_enabled for m in layers)
         assert torch.is_autocast_enabled("cpu")
     assert all(m.cast_input_dtype_enabled for m in layers)
