@@ -6,9 +6,14 @@ Arms, on the same prompt, greedy, the same number of new tokens:
 
 - ``policy``: ``PPOPolicy.generate`` (the rollout path: LoRA adapter attached, our cut),
 - ``plain HF``: transformers ``generate`` on the same base weights without peft, as a
-  reference for what the adapter's layers cost.
+  reference for what the adapter's layers cost,
+- ``matmuls``: the model's matrix products alone (every ``nn.Linear`` of the base model, the
+  LM head included, one ``F.linear`` each on a ``batch x 1`` input per step, nothing else):
+  what torch's CPU kernels allow before any attention, norm, Python or sampling work. A
+  decode step cannot beat it, so it says whether the target is reachable with these kernels.
 
     python benchmarks/decode_speed.py [--tokens 32] [--batches 1 16] [--rounds 3] [--model M]
+        [--dtype auto|float32|bfloat16]
 
 Target (issue 17, item 6): the policy at batch 1 >= 50% of the bound. Rounds alternate the
 arms, so machine noise falls on both.
@@ -21,6 +26,7 @@ import statistics
 import time
 
 import torch
+import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorList
 
 from textgym_agents import PPOConfig, PPOPolicy
@@ -68,10 +74,11 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--model", default=None, help="model name or path (default: embedded)")
+    parser.add_argument("--dtype", default="auto", help="auto (this machine's choice) or a dtype")
     args = parser.parse_args()
     torch.manual_seed(0)
     config = PPOConfig(max_new_tokens=args.tokens, decoding="free", reply_prefix="")
-    policy = PPOPolicy.from_pretrained(args.model, config=config)
+    policy = PPOPolicy.from_pretrained(args.model, config=config, dtype=args.dtype)
     dtype = next(policy.model.parameters()).dtype
     path = args.model or embedded_model_dir()
     plain = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
@@ -101,6 +108,17 @@ def main() -> None:
             )
         return time.perf_counter() - start, output.shape[1] - ids.shape[1]
 
+    linears = [m.weight for m in plain.modules() if isinstance(m, torch.nn.Linear)]
+
+    @torch.no_grad()
+    def matmuls(batch: int) -> tuple[float, int]:
+        inputs = {w.shape[1]: torch.randn(batch, 1, w.shape[1], dtype=dtype) for w in linears}
+        start = time.perf_counter()
+        for _ in range(args.tokens):
+            for weight in linears:
+                F.linear(inputs[weight.shape[1]], weight)
+        return time.perf_counter() - start, args.tokens
+
     bandwidth = read_bandwidth()
     size = weight_bytes(plain)
     bound = bandwidth / size
@@ -108,7 +126,7 @@ def main() -> None:
         f"{dtype}, {torch.get_num_threads()} threads; read bandwidth {bandwidth / 1e9:.1f} GB/s, "
         f"weights {size / 1e9:.3f} GB: bound {bound:.1f} decode steps/s at batch 1"
     )
-    arms = {"policy": ours, "plain HF": reference}
+    arms = {"policy": ours, "plain HF": reference, "matmuls": matmuls}
     for batch in args.batches:
         for arm in arms.values():
             arm(batch)  # warm-up
@@ -130,6 +148,8 @@ def main() -> None:
             verdict = "met" if share >= TARGET else "MISSED"
             target = f"target >= {TARGET:.0%}: {verdict}"
             print(f"  policy at batch 1: {share:.1%} of the bound ({target})")
+            floor = statistics.median(times["matmuls"]) / statistics.median(times["policy"])
+            print(f"  the matrix products alone take {floor:.0%} of the policy's step time")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
     python benchmarks/update_memory.py [--env textgym/Calculator-v0] [--num-envs 8]
         [--layouts 8:none,16:none,16:1024,16:512] [--model M]
 
-Every layout (``micro_batch_size:micro_batch_tokens``, ``none`` for no token bound) runs in a
+Every layout (``micro_batch_size:micro_batch_tokens[:dtype]``, ``none`` for no token bound;
+the dtype, e.g. ``float32`` or ``bfloat16``, defaults to ``PPOConfig.dtype``) runs in a
 fresh process, so glibc's kept memory from one layout cannot hide another's peak: it loads the
 model, collects one rollout with ``PPOConfig.for_env``'s settings (the same seed, so the same
 rollout up to thread-level noise), scores it, then runs one epoch of gradients and reports
@@ -34,7 +35,9 @@ def _rss_gb() -> float:
     return 0.0
 
 
-def one_layout(env_id: str, num_envs: int, micro: int, tokens: int | None, model: Any) -> dict:
+def one_layout(
+    env_id: str, num_envs: int, micro: int, tokens: int | None, model: Any, dtype: str | None
+) -> dict:
     """Rollout, scoring and one epoch of gradients under one layout; its time and peak RSS."""
     import gymnasium as gym
     import numpy as np
@@ -56,9 +59,11 @@ def one_layout(env_id: str, num_envs: int, micro: int, tokens: int | None, model
     config = PPOConfig.for_env(
         envs, progress=False, micro_batch_size=micro, micro_batch_tokens=tokens
     )
-    policy = PPOPolicy.from_pretrained(model, config=config)
+    policy = PPOPolicy.from_pretrained(model, config=config, dtype=dtype)
+    loaded = _rss_gb()
     trainer = PPOTrainer(policy, envs, output_dir=None)
     buffer = trainer.collect()
+    collected = _rss_gb()
     turns = buffer.turns()
     order = np.arange(len(turns))
     trainer.score(turns, order)
@@ -77,6 +82,9 @@ def one_layout(env_id: str, num_envs: int, micro: int, tokens: int | None, model
         "turns": len(turns),
         "passes": [len(m) for minibatch in layout for m in minibatch],
         "epoch_s": seconds,
+        "dtype": str(next(policy.model.parameters()).dtype).removeprefix("torch."),
+        "rss_loaded_gb": loaded,
+        "rss_collected_gb": collected,
         "rss_before_gb": before,
         "peak_gb": max(peak[0], resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6),
     }
@@ -91,9 +99,11 @@ def main() -> None:
     parser.add_argument(CHILD, metavar="LAYOUT", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        micro, tokens = args.one.split(":")
+        micro, tokens, *dtype = args.one.split(":")
         bound = None if tokens == "none" else int(tokens)
-        result = one_layout(args.env, args.num_envs, int(micro), bound, args.model)
+        result = one_layout(
+            args.env, args.num_envs, int(micro), bound, args.model, dtype[0] if dtype else None
+        )
         print(json.dumps(result))
         return
     rows = []

@@ -18,6 +18,7 @@ from textgym.episodes import run_episodes
 from textgym.evaluation import Evaluation
 from textgym.policy import JSONSchema, Policy, PolicyBase, as_policy
 from textgym.wrappers import Messages
+from textgym_agents.memory import release_memory
 from textgym_agents.ppo.rollout import as_vector_env
 
 __all__ = ["evaluate", "warn_if_prompt_differs"]
@@ -100,6 +101,7 @@ def evaluate(
     finally:
         if owned:
             envs.close()
+        release_memory()  # the generation's freed caches: not the next phase's baseline
     return Evaluation.from_episodes(sorted(episodes, key=lambda e: (e.env_index, e.index)))
 
 

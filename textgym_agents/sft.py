@@ -22,6 +22,7 @@ from textgym_agents.gradient_checkpointing import (
     enable_gradient_checkpointing,
     gradient_checkpointing_enabled,
 )
+from textgym_agents.precision import mixed_precision
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -181,8 +182,8 @@ def sft_warm_start(
         "max_length": max_length,
         "completion_only_loss": True,
         "assistant_only_loss": False,
-        # Mixed precision would train a different model than the one PPO runs in its dtype;
-        # checkpointing is ours (below), which also works in PPO's eval mode.
+        # The Trainer's own mixed precision would cast differently from PPO's; ours is set
+        # below. Checkpointing is ours too (below), which also works in PPO's eval mode.
         "bf16": False,
         "fp16": False,
         "use_cpu": cpu,
@@ -213,6 +214,12 @@ def sft_warm_start(
             if type(default).__name__ in ("PrinterCallback", "ProgressCallback"):
                 trainer.remove_callback(default)  # they print every log line
         trainer.add_callback(log)
+        # The forward and loss run with the numerics PPO uses (`PPOConfig.mixed_precision`):
+        # on a bf16 base the LoRA products in bf16 too; nothing changes on a float32 model.
+        enabled = policy.config.mixed_precision
+        trainer.autocast_smart_context_manager = lambda *_, **__: mixed_precision(
+            model, enabled=enabled
+        )
         result = trainer.train()
     seconds = time.perf_counter() - start
     losses = log.losses or [float("nan")]

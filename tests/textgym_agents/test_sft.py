@@ -224,3 +224,21 @@ def test_sft_with_gradient_checkpointing_trains_the_same(demos, tokenizer):
     enable_gradient_checkpointing(policy.model)  # enabled by the caller: left enabled
     sft_warm_start(policy, rows, max_steps=1, gradient_checkpointing=True)
     assert gradient_checkpointing_enabled(policy.model)
+
+
+@pytest.mark.parametrize(("mixed", "expected"), [(True, torch.bfloat16), (False, torch.float32)])
+def test_sft_on_a_bf16_base_uses_ppos_mixed_precision(demos, tokenizer, mixed, expected):
+    model, _ = tiny_model(tokenizer, dtype=torch.bfloat16)
+    policy = PPOPolicy(model, tokenizer, config=PPOConfig(mixed_precision=mixed))
+    seen = []
+    for name, module in policy.model.named_modules():
+        if name.endswith("lora_A.default"):
+            module.register_forward_hook(lambda m, a, out: seen.append((a[0].dtype, out.dtype)))
+    before = reply_nll(policy, demos)
+    seen.clear()
+    metrics = sft_warm_start(policy, demos, **SFT)
+    assert seen and set(seen) == {(expected, expected)}  # the products SFT ran
+    assert all(p.dtype is torch.float32 for p in policy.trainable_parameters()[0])
+    assert metrics["sft/loss_last"] < metrics["sft/loss_first"]
+    assert reply_nll(policy, demos) < before - 0.5
+    assert not torch.is_autocast_enabled("cpu")  # nothing left switched on

@@ -24,6 +24,7 @@ from textgym.episodes import Episode
 from textgym_agents import distributed
 from textgym_agents.exceptions import NonFiniteUpdateError
 from textgym_agents.gradient_checkpointing import enable_gradient_checkpointing
+from textgym_agents.memory import release_memory
 from textgym_agents.ppo import core
 from textgym_agents.ppo.buffer import RolloutBuffer, Turn
 from textgym_agents.ppo.estimators import assign_critic_free
@@ -177,6 +178,7 @@ class PPOTrainer:
         score_s = time.perf_counter() - start
         start = time.perf_counter()
         stats = self.optimise(turns, order)
+        release_memory()  # the update's activations, freed between live blocks (memory.py)
         update_s = time.perf_counter() - start
         metrics = self._update_metrics(turns, episodes or [], stats, score_s, update_s)
         buffer.clear()

@@ -1,0 +1,49 @@
+"""Give the heap memory a training phase freed back to the operating system.
+
+glibc keeps what ``free`` returns inside its heap for later allocations; only a free block at
+the very top of the heap goes back by itself. A PPO update allocates ~1-2 GB of activations in
+blocks of every size, and when it ends the freed blocks sit between live ones, so the
+process's resident memory stays at the update's high-water mark and the next phase
+(evaluation, the next rollout) piles its own allocations on top. ``malloc_trim(0)`` hands the
+free pages anywhere in the heap back (``madvise``), which the trainer does after each update
+and :func:`~textgym_agents.evaluate` after an evaluation (docs/performance.md, "Memory").
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import sys
+from typing import Any
+
+__all__ = ["release_memory"]
+
+
+@functools.cache
+def _malloc_trim() -> Any:
+    """The C library's ``malloc_trim`` (glibc), or None (macOS, Windows, musl)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+    trim = getattr(libc, "malloc_trim", None)
+    if trim is not None:
+        trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return trim
+
+
+def release_memory() -> bool:
+    """Return the free pages of the C heap to the OS; True if glibc gave any back.
+
+    Cheap (it walks the heap's free lists: milliseconds) and safe to call at any time; a no-op
+    returning False where the C library has no ``malloc_trim``.
+
+    Example:
+        >>> release_memory() in (True, False)
+        True
+    """
+    trim = _malloc_trim()
+    return bool(trim(0)) if trim is not None else False
