@@ -5,13 +5,21 @@ import re
 from tests.benchmarks.scripts import run_script
 
 
-def test_both_arms_are_compared_with_the_measured_bound(tiny_dir):
+def test_the_arms_are_compared_with_the_measured_bound(tiny_dir):
     args = ["--model", tiny_dir, "--tokens", "4", "--batches", "1", "2", "--rounds", "1"]
     lines = run_script("decode_speed.py", *args, timeout=300).stdout.splitlines()
     bound = next(line for line in lines if "read bandwidth" in line)
     assert float(re.search(r"bound ([\d.]+) decode steps/s", bound).group(1)) > 0
     rows = [line.split()[0] for line in lines if "of the batch-1 bound" in line]
-    assert rows == ["policy", "plain"] * 2  # both arms at both batch sizes
+    assert rows == ["policy", "plain", "matmuls"] * 2  # every arm at both batch sizes
     plain = [line for line in lines if line.strip().startswith("plain HF")]
     assert all("(4 steps)" in line for line in plain)  # EOS suppressed: exactly --tokens
     assert any(line.startswith("  policy at batch 1:") for line in lines)
+    floor = next(line for line in lines if "matrix products alone take" in line)
+    assert re.search(r"take \d+% of the policy", floor)
+
+
+def test_dtype_is_a_choice(tiny_dir):
+    args = ["--model", tiny_dir, "--tokens", "2", "--batches", "1", "--rounds", "1"]
+    lines = run_script("decode_speed.py", *args, "--dtype", "bfloat16", timeout=300)
+    assert lines.stdout.startswith("torch.bfloat16, 1 threads")
