@@ -83,6 +83,11 @@ def greedy_table(policy: PPOPolicy, env: gym.Env) -> dict[tuple[int, int, bool],
     return {state: ACTIONS[pick] for state, pick in zip(states, picks, strict=True)}
 
 
+def basic_agreement(table: dict[tuple[int, int, bool], str]) -> float:
+    """Share of the 280 states in which a greedy table plays as basic strategy."""
+    return float(np.mean([table[s] == basic_strategy(*s) for s in blackjack_exact.states()]))
+
+
 def exact_return(policy: PPOPolicy, env: gym.Env) -> float:
     """Exact expected return of the policy's greedy choices (no sampling noise)."""
     table = greedy_table(policy, env)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import argparse
 
-import numpy as np
+import gymnasium as gym
 import torch
 
 import textgym  # noqa: F401
@@ -32,11 +32,11 @@ from textgym_agents import PPOConfig, PPOPolicy, sft_warm_start
 
 try:
     import blackjack_exact
-    from blackjack_learning import basic_strategy, greedy_table
+    from blackjack_learning import basic_agreement, greedy_table
     from warm_start import ENV, blackjack_expert
 except ImportError:  # imported as benchmarks.sft_speed
     from benchmarks import blackjack_exact
-    from benchmarks.blackjack_learning import basic_strategy, greedy_table
+    from benchmarks.blackjack_learning import basic_agreement, greedy_table
     from benchmarks.warm_start import ENV, blackjack_expert
 
 ARMS = {
@@ -49,8 +49,6 @@ NAMES = {"float32": "float32", "bf16": "bf16, LoRA fp32", "mixed": "bf16, mixed"
 
 def run_arm(arm: str, demos, args) -> dict:
     """SFT one fresh policy under ``arm``'s precision; its time, losses and exact return."""
-    import gymnasium as gym
-
     dtype, mixed = ARMS[arm]
     torch.manual_seed(args.seed)
     config = PPOConfig(
@@ -65,8 +63,9 @@ def run_arm(arm: str, demos, args) -> dict:
         deduplicate=True,
         seed=args.seed,
     )
-    table = greedy_table(policy, gym.make(ENV))
-    states = list(blackjack_exact.states())
+    env = gym.make(ENV)
+    table = greedy_table(policy, env)
+    env.close()
     return {
         "seconds": sft["sft/seconds"],
         "steps": int(sft["sft/steps"]),
@@ -74,7 +73,7 @@ def run_arm(arm: str, demos, args) -> dict:
         "loss_first": sft["sft/loss_first"],
         "loss_last": sft["sft/loss_last"],
         "exact": blackjack_exact.expected_return(lambda *s: table[s]),
-        "basic": float(np.mean([table[s] == basic_strategy(*s) for s in states])),
+        "basic": basic_agreement(table),
     }
 
 

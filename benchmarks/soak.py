@@ -49,11 +49,9 @@ WARMUP = SAVE_EVERY * (KEEP + 1)  # the update from which the run directory stop
 
 def rss_mb() -> float:
     """The resident set size of this process in MB (``VmRSS``)."""
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS in /proc/self/status")
+    from textgym_agents.memory import resident_kb
+
+    return resident_kb() / 1024
 
 
 def dir_mb(path: Path, skip: str | None = None) -> float:

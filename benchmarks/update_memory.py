@@ -27,14 +27,6 @@ from typing import Any
 CHILD = "--one"
 
 
-def _rss_gb() -> float:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS"):
-                return int(line.split()[1]) / 1e6
-    return 0.0
-
-
 def one_layout(
     env_id: str, num_envs: int, micro: int, tokens: int | None, model: Any, dtype: str | None
 ) -> dict:
@@ -44,14 +36,15 @@ def one_layout(
 
     import textgym  # noqa: F401  (registers the text envs)
     from textgym_agents import PPOConfig, PPOPolicy
+    from textgym_agents.memory import resident_kb
     from textgym_agents.ppo.steps import minibatch_loss, minibatches
     from textgym_agents.ppo.trainer import PPOTrainer
 
-    peak = [_rss_gb()]
+    peak = [resident_kb() / 1e6]
 
     def sample() -> None:
         while True:
-            peak[0] = max(peak[0], _rss_gb())
+            peak[0] = max(peak[0], resident_kb() / 1e6)
             time.sleep(0.02)
 
     threading.Thread(target=sample, daemon=True).start()
@@ -60,15 +53,15 @@ def one_layout(
         envs, progress=False, micro_batch_size=micro, micro_batch_tokens=tokens
     )
     policy = PPOPolicy.from_pretrained(model, config=config, dtype=dtype)
-    loaded = _rss_gb()
+    loaded = resident_kb() / 1e6
     trainer = PPOTrainer(policy, envs, output_dir=None)
     buffer = trainer.collect()
-    collected = _rss_gb()
+    collected = resident_kb() / 1e6
     turns = buffer.turns()
     order = np.arange(len(turns))
     trainer.score(turns, order)
     trainer.compute_advantages(buffer)
-    before = _rss_gb()
+    before = resident_kb() / 1e6
     layout = list(minibatches(order, turns, config.minibatch_size, micro, tokens))
     start = time.perf_counter()
     for minibatch in layout:

@@ -36,10 +36,16 @@ from textgym_agents import PPOConfig, PPOPolicy, evaluate, sft_warm_start
 
 try:
     import blackjack_exact
-    from blackjack_learning import ACTIONS, Scripted, basic_strategy, greedy_table
+    from blackjack_learning import ACTIONS, Scripted, basic_agreement, basic_strategy, greedy_table
 except ImportError:  # imported as benchmarks.warm_start (textgym record --expert ...)
     from benchmarks import blackjack_exact
-    from benchmarks.blackjack_learning import ACTIONS, Scripted, basic_strategy, greedy_table
+    from benchmarks.blackjack_learning import (
+        ACTIONS,
+        Scripted,
+        basic_agreement,
+        basic_strategy,
+        greedy_table,
+    )
 
 TARGET = -0.07
 ENV = "textgym/Blackjack-v1"
@@ -130,8 +136,7 @@ def main() -> None:
         if table is not None:
             result["exact_return"] = blackjack_exact.expected_return(lambda *s: table[s])
             if all(isinstance(choice, str) for choice in table.values()):  # deterministic
-                agree = [table[s] == basic_strategy(*s) for s in blackjack_exact.states()]
-                result["basic_agreement"] = float(np.mean(agree))
+                result["basic_agreement"] = basic_agreement(table)
         rows.append({"policy": name, "train_s": seconds, "ppo_hands": hands, **result})
         se = result["std_return"] / np.sqrt(result["episodes"])
         exact = f", exact {result['exact_return']:+.3f}" if table is not None else ""

@@ -17,7 +17,7 @@ import functools
 import sys
 from typing import Any
 
-__all__ = ["release_memory"]
+__all__ = ["release_memory", "resident_kb"]
 
 
 @functools.cache
@@ -47,3 +47,17 @@ def release_memory() -> bool:
     """
     trim = _malloc_trim()
     return bool(trim(0)) if trim is not None else False
+
+
+def resident_kb() -> int:
+    """This process's resident set size in kB, as ``VmRSS`` in ``/proc/self/status`` (Linux).
+
+    Example:
+        >>> resident_kb() > 0
+        True
+    """
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS"):
+                return int(line.split()[1])
+    raise RuntimeError("no VmRSS in /proc/self/status")

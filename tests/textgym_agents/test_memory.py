@@ -4,15 +4,11 @@ import sys
 
 import pytest
 
-from textgym_agents.memory import _malloc_trim, release_memory
+from textgym_agents.memory import _malloc_trim, release_memory, resident_kb
 
 
 def rss_mb() -> float:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS"):
-                return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
+    return resident_kb() / 1024
 
 
 @pytest.mark.skipif(
