@@ -107,6 +107,15 @@ def test_resume_continues_the_same_run(tmp_path):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
+def test_resuming_a_finished_run_returns_its_last_metrics(tmp_path):
+    run = tmp_path / "run"
+    finished = make_policy(tmp_path).learn(envs(), total_episodes=6, output_dir=run)
+    again = make_policy(tmp_path).learn(envs(), total_episodes=6, output_dir=run, resume_from=run)
+    assert again["env/episodes"] == finished["env/episodes"] >= 6
+    assert again["train/update"] == finished["train/update"] == len(read_metrics(run))
+    assert again["env/return_mean"] == finished["env/return_mean"]
+
+
 def test_learn_rejects_bad_total(tmp_path):
     policy = make_policy(tmp_path)
     with pytest.raises(ValueError, match="total_episodes must be an int >= 1, got 0"):

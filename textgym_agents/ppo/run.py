@@ -42,7 +42,7 @@ from textgym_agents.ppo.run_files import (
 )
 from textgym_agents.ppo.tracked import rollout_state
 from textgym_agents.run_lock import RunLock
-from textgym_agents.tracking.metrics_log import MetricsLogger
+from textgym_agents.tracking.metrics_log import METRICS_FILE, MetricsLogger, read_metrics
 from textgym_agents.tracking.plotting import plot_learning_curves
 
 if TYPE_CHECKING:  # the trainer imports this driver (PPOTrainer.train), never the reverse
@@ -170,7 +170,7 @@ class TrainingRun:
         interrupts: StopSignals,
     ) -> dict[str, float]:
         trainer, config = self.trainer, self.trainer.config
-        metrics: dict[str, float] = {}
+        metrics = self._metrics_so_far()
         while trainer.episodes < total_episodes:
             before = trainer.episodes
             # What a checkpoint written during this update (a signal, a fault) must hold.
@@ -199,6 +199,18 @@ class TrainingRun:
                 self._saved_step = trainer.update_step
             interrupts.raise_pending()
         return metrics
+
+    def _metrics_so_far(self) -> dict[str, float]:
+        """What a run returns when no update is left (resumed at or past its total episodes).
+
+        The last logged update's metrics when the run directory has them, else the counts.
+        """
+        trainer = self.trainer
+        if self.output_dir is not None and (self.output_dir / METRICS_FILE).exists():
+            for record in reversed(read_metrics(self.output_dir)):
+                if record["step"] == trainer.update_step:
+                    return {k: v for k, v in record.items() if k not in ("step", "time")}
+        return {"env/episodes": float(trainer.episodes), "train/update": float(trainer.update_step)}
 
     def _finished_update(
         self, metrics: dict[str, float], metrics_logger: MetricsLogger | None, interrupts: Any
