@@ -9,14 +9,13 @@ that resumes from its checkpoint continues the same curve from its last point.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from textgym_agents import PPOConfig
 from textgym_agents.checkpoint import latest_checkpoint
-from textgym_agents.cli.runs import episodes_done
+from textgym_agents.tracking.metrics_log import read_metrics
 
 
 class CurvePoints:
@@ -27,9 +26,6 @@ class CurvePoints:
         every: Training episodes between points.
         measure: Scores the policy now; returns the point's fields.
         report: Called with the episodes done and the point (to print it), if given.
-
-    Attributes:
-        seconds: Time spent in ``measure`` (to leave the evaluations out of training speed).
 
     Example:
         >>> import tempfile
@@ -54,7 +50,6 @@ class CurvePoints:
         self.every = every
         self.measure = measure
         self.report = report
-        self.seconds = 0.0
         lines = self.path.read_text().splitlines() if self.path.exists() else []
         self.last = json.loads(lines[-1])["episodes"] if lines else 0
 
@@ -64,9 +59,7 @@ class CurvePoints:
         if done < self.last + self.every:
             return
         self.last = done
-        started = time.perf_counter()
         found = self.measure()
-        self.seconds += time.perf_counter() - started
         with self.path.open("a") as out:
             out.write(json.dumps({"episodes": done, **found}) + "\n")
         if self.report is not None:
@@ -92,12 +85,16 @@ def train_cell(
     """Train to ``episodes`` (resuming from ``run_dir``'s last checkpoint), scoring on ``curve``.
 
     Returns:
-        The last metrics, the seconds of training this session (the curve's evaluations
-        left out) and the episodes played this session.
+        The last metrics, the seconds of training over the whole run (every session's updates,
+        summed from the ``time/*`` columns of its ``metrics.jsonl``: the curve's evaluations
+        left out) and the episodes the run has played.
     """
     resume = latest_checkpoint(run_dir) if run_dir.exists() else None
-    episodes_before = episodes_done(resume) if resume is not None else 0
-    started = time.perf_counter()
     metrics = trainer.train(episodes, resume_from=resume, callback=curve)
-    seconds = time.perf_counter() - started - curve.seconds
-    return metrics, seconds, int(metrics["env/episodes"]) - episodes_before
+    seconds = sum(
+        value or 0.0
+        for row in read_metrics(run_dir)
+        for key, value in row.items()
+        if key.startswith("time/")
+    )
+    return metrics, seconds, int(metrics["env/episodes"])

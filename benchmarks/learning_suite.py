@@ -156,7 +156,7 @@ def run_cell(args: argparse.Namespace, env_name: str, estimator: str, seed: int)
 
     curve = CurvePoints(curve_file, args.eval_every, measure, report)
 
-    metrics, seconds, played = train_cell(trainer, cell / "run", args.episodes, curve)
+    metrics, seconds, episodes = train_cell(trainer, cell / "run", args.episodes, curve)
     envs.close()
     after = score(policy, env_name, args.eval_episodes)
     result = {
@@ -168,8 +168,8 @@ def run_cell(args: argparse.Namespace, env_name: str, estimator: str, seed: int)
         "before_se": before_data["se"],
         "after": after["return"],
         "after_se": after["se"],
-        "train_seconds_last_session": seconds,
-        "hands_per_s": played / max(seconds, 1e-9),
+        "train_seconds": seconds,
+        "hands_per_s": episodes / max(seconds, 1e-9),
         "settings": config.to_dict(),
     }
     for key in ("success", "success_se"):

@@ -113,7 +113,7 @@ def run_cell(args: argparse.Namespace, seed: int) -> dict[str, Any]:
     )
 
     trainer = PPOTrainer(policy, envs, output_dir=cell / "run")
-    metrics, seconds, played = train_cell(trainer, cell / "run", args.episodes, curve)
+    metrics, seconds, episodes = train_cell(trainer, cell / "run", args.episodes, curve)
     envs.close()
     after = {name: score(policy, name, args.eval_games) for name in OPPONENTS}
     result = {
@@ -123,8 +123,8 @@ def run_cell(args: argparse.Namespace, seed: int) -> dict[str, Any]:
         "episodes": int(metrics["env/episodes"]),
         "before": json.loads(start_file.read_text()),
         "after": after,
-        "train_seconds_last_session": seconds,
-        "games_per_s": played / max(seconds, 1e-9),
+        "train_seconds": seconds,
+        "games_per_s": episodes / max(seconds, 1e-9),
         "settings": config.to_dict(),
     }
     result_file.write_text(json.dumps(result, indent=2))
