@@ -132,7 +132,11 @@ def run_cell(args: argparse.Namespace, seed: int) -> dict[str, Any]:
 
 
 def plot(out: Path, references: dict[str, dict[str, float]]) -> Path | None:
-    """Non-losses against random (solid) and against minimax (dotted) per seed."""
+    """Non-losses against random (solid) and against minimax (dotted) per seed.
+
+    The lines are the curve's points; dots with error bars are the ``--eval-games`` evaluations
+    before and after training.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -144,10 +148,17 @@ def plot(out: Path, references: dict[str, dict[str, float]]) -> Path | None:
         start = json.loads((curve_file.parent / "start.json").read_text())
         rows = [json.loads(line) for line in curve_file.read_text().splitlines()]
         x = [0] + [row["episodes"] for row in rows]
+        result_file = curve_file.parent / "result.json"
+        result = json.loads(result_file.read_text()) if result_file.exists() else None
         for name, style in (("random", "-"), ("minimax", ":")):
             y = [start[name]["non_loss"]] + [row[name]["non_loss"] for row in rows]
             label = f"{curve_file.parent.name} vs {name}"
             ax.plot(x, y, style, color=f"C{k}", label=label)
+            ends = [(0, start[name])]  # the held-out evaluations: --eval-games each
+            if result is not None:
+                ends.append((result["episodes"], result["after"][name]))
+            for at, found in ends:
+                ax.errorbar(at, found["non_loss"], found["non_loss_se"], fmt="o", color=f"C{k}")
         drawn = True
     if not drawn:
         plt.close(fig)
