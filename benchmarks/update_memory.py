@@ -27,6 +27,12 @@ from typing import Any
 CHILD = "--one"
 
 
+def _rss_gb() -> float:
+    from textgym_agents.memory import resident_kb
+
+    return resident_kb() / 1e6
+
+
 def one_layout(
     env_id: str, num_envs: int, micro: int, tokens: int | None, model: Any, dtype: str | None
 ) -> dict:
@@ -36,15 +42,14 @@ def one_layout(
 
     import textgym  # noqa: F401  (registers the text envs)
     from textgym_agents import PPOConfig, PPOPolicy
-    from textgym_agents.memory import resident_kb
     from textgym_agents.ppo.steps import minibatch_loss, minibatches
     from textgym_agents.ppo.trainer import PPOTrainer
 
-    peak = [resident_kb() / 1e6]
+    peak = [_rss_gb()]
 
     def sample() -> None:
         while True:
-            peak[0] = max(peak[0], resident_kb() / 1e6)
+            peak[0] = max(peak[0], _rss_gb())
             time.sleep(0.02)
 
     threading.Thread(target=sample, daemon=True).start()
@@ -53,15 +58,15 @@ def one_layout(
         envs, progress=False, micro_batch_size=micro, micro_batch_tokens=tokens
     )
     policy = PPOPolicy.from_pretrained(model, config=config, dtype=dtype)
-    loaded = resident_kb() / 1e6
+    loaded = _rss_gb()
     trainer = PPOTrainer(policy, envs, output_dir=None)
     buffer = trainer.collect()
-    collected = resident_kb() / 1e6
+    collected = _rss_gb()
     turns = buffer.turns()
     order = np.arange(len(turns))
     trainer.score(turns, order)
     trainer.compute_advantages(buffer)
-    before = resident_kb() / 1e6
+    before = _rss_gb()
     layout = list(minibatches(order, turns, config.minibatch_size, micro, tokens))
     start = time.perf_counter()
     for minibatch in layout:

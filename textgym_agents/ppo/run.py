@@ -170,7 +170,7 @@ class TrainingRun:
         interrupts: StopSignals,
     ) -> dict[str, float]:
         trainer, config = self.trainer, self.trainer.config
-        metrics = self._metrics_so_far()
+        metrics: dict[str, float] = {}
         while trainer.episodes < total_episodes:
             before = trainer.episodes
             # What a checkpoint written during this update (a signal, a fault) must hold.
@@ -198,7 +198,7 @@ class TrainingRun:
                     self.checkpoint()
                 self._saved_step = trainer.update_step
             interrupts.raise_pending()
-        return metrics
+        return metrics or self._metrics_so_far()
 
     def _metrics_so_far(self) -> dict[str, float]:
         """What a run returns when no update is left (resumed at or past its total episodes).
