@@ -60,16 +60,16 @@ ENVS: dict[str, dict[str, Any]] = {
     },
     "cliffwalking": {"id": "textgym/CliffWalking-v1", "kwargs": {}, "optimal": -13.0},
     "calculator": {"id": "textgym/Calculator-v0", "kwargs": {}, "optimal": None},
-    # BabyAI-Text (GLAM's benchmark): success is facing the red ball within the level's 64
-    # steps (scored so). Training episodes stop after 16 steps: the bot needs 5.2 on average,
-    # a cold-start policy's failures would otherwise cost 64 model turns each. "optimal" is
-    # minigrid's BabyAI bot in the same run, on held-out seeds EVAL_SEED + k (the policy's
-    # evaluation seeds its 16 envs EVAL_SEED + i once each: the same range, not the same
-    # episodes beyond the first 16).
+    # BabyAI-Text (GLAM's benchmark): success is facing the red ball. Training and scoring
+    # episodes stop after 16 steps, not the level's 64 (the bot needs 5.2 on average; a
+    # cold-start policy's failures would otherwise cost 64 model turns each, and a 200-episode
+    # evaluation at 64 steps did not finish in 66 min on one core). "optimal" is minigrid's
+    # BabyAI bot in the same run and at the same cap, on held-out seeds EVAL_SEED + k (the
+    # policy's evaluation seeds its 16 envs EVAL_SEED + i once each: the same range, not the
+    # same episodes beyond the first 16).
     "babyai-gotoredball": {
         "id": "textgym/BabyAI-GoToRedBall-v0",
-        "kwargs": {},
-        "train_kwargs": {"max_steps": 16},
+        "kwargs": {"max_steps": 16},
         "optimal": "bot",
     },
 }
@@ -95,6 +95,8 @@ def score(policy: Any, env_name: str, episodes: int) -> dict[str, float]:
             "return": float(result["mean_return"]),
             "se": float(result["std_return"]) / math.sqrt(episodes),
         }
+        if result.get("mean_length") is not None:
+            found["length"] = float(result["mean_length"])
         if result.get("success_rate") is not None:
             rate = float(result["success_rate"])
             found.update(success=rate, success_se=math.sqrt(rate * (1 - rate) / episodes))
@@ -129,8 +131,7 @@ def run_cell(args: argparse.Namespace, env_name: str, estimator: str, seed: int)
     if result_file.exists():
         return json.loads(result_file.read_text())
     spec = ENVS[env_name]
-    train_kwargs = {**spec["kwargs"], **spec.get("train_kwargs", {})}
-    envs = gym.make_vec(spec["id"], num_envs=args.num_envs, **train_kwargs)
+    envs = gym.make_vec(spec["id"], num_envs=args.num_envs, **spec["kwargs"])
     config = cell_config(envs, seed, estimator, args.group_size, args.settings)
     policy = PPOPolicy.from_pretrained(args.model, config=config)
     curve_file = cell / "curve.jsonl"
@@ -260,7 +261,8 @@ def _main() -> None:
         reference = {"random": random_ref["return"] if random_ref else None}
         optimal = ENVS[env_name]["optimal"]
         if optimal == "bot":
-            bot = bot_baseline(ENVS[env_name]["id"], args.eval_episodes, EVAL_SEED)
+            spec = ENVS[env_name]
+            bot = bot_baseline(spec["id"], args.eval_episodes, EVAL_SEED, **spec["kwargs"])
             reference["optimal"] = bot["return"]
             optimal = (
                 f"(BabyAI bot) {bot['return']:.4f}, success {bot['success']:.1%} "
