@@ -9,6 +9,7 @@ Both play through the text env, so replies are parsed exactly as a model's would
     .venv/bin/python benchmarks/babyai_random.py              # 500 episodes per id
     .venv/bin/python benchmarks/babyai_random.py --episodes 200 --ids textgym/BabyAI-GoToLocal-v0
     .venv/bin/python benchmarks/babyai_random.py --bot        # the bot's rows too
+    .venv/bin/python benchmarks/babyai_random.py --max-steps 16   # episodes cut at 16 steps
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ def random_policy(choices: list[str], seed: int):
     return lambda messages: rng.choice(choices)
 
 
-def baseline(env_id: str, episodes: int, seed: int) -> dict[str, float]:
-    env = gym.make(env_id)
+def baseline(env_id: str, episodes: int, seed: int, **kwargs: Any) -> dict[str, float]:
+    """A uniformly random valid reply each step, on episodes ``seed`` .. of ``env_id``."""
+    env = gym.make(env_id, **kwargs)
     choices = textgym.reply_choices(env)
     assert choices, f"{env_id} has no fixed set of replies"
     start = time.perf_counter()
@@ -93,14 +95,17 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1000, help="seed of the first episode")
     parser.add_argument("--ids", nargs="*", default=[f"textgym/{name}" for name in BABYAI_LEVELS])
     parser.add_argument("--bot", action="store_true", help="add the BabyAI bot's rows")
+    parser.add_argument("--max-steps", type=int, default=None, help="default: each level's own")
     args = parser.parse_args()
-    print(f"{args.episodes} episodes per id, seeds {args.seed}..")
+    kwargs = {} if args.max_steps is None else {"max_steps": args.max_steps}
+    cap = f", at most {args.max_steps} steps" if kwargs else ""
+    print(f"{args.episodes} episodes per id, seeds {args.seed}..{cap}")
     print("| id | policy | success | s.e. | mean return | mean length | seconds |")
     print("|---|---|---|---|---|---|---|")
     for env_id in args.ids:
-        rows = {"random": baseline(env_id, args.episodes, args.seed)}
+        rows = {"random": baseline(env_id, args.episodes, args.seed, **kwargs)}
         if args.bot:
-            rows["BabyAI bot"] = bot_baseline(env_id, args.episodes, args.seed)
+            rows["BabyAI bot"] = bot_baseline(env_id, args.episodes, args.seed, **kwargs)
         for policy, row in rows.items():
             print(
                 f"| `{env_id}` | {policy} | {row['success']:.1%} | {row['se']:.1%} "

@@ -290,7 +290,7 @@ def _delete_checkpoint(path: Path) -> None:
     shutil.rmtree(aside)
 
 
-def _step_dirs(run_dir: str | os.PathLike[str]) -> list[Path]:
+def checkpoint_dirs(run_dir: str | os.PathLike[str]) -> list[Path]:
     """Every ``step_N`` directory of a run, complete or not, oldest step first."""
     ckpt_dir = Path(run_dir) / "checkpoints"
     if not ckpt_dir.is_dir():
@@ -304,7 +304,7 @@ def list_checkpoints(run_dir: str | os.PathLike[str]) -> list[Path]:
 
     Complete means its manifest exists; :func:`checkpoint_damage` checks the files themselves.
     """
-    return [p for p in _step_dirs(run_dir) if (p / MANIFEST).is_file()]
+    return [p for p in checkpoint_dirs(run_dir) if (p / MANIFEST).is_file()]
 
 
 def _read_manifest(path: Path) -> tuple[dict[str, Any] | None, str | None]:
@@ -360,7 +360,7 @@ def latest_checkpoint(run_dir: str | os.PathLike[str]) -> Path | None:
         CheckpointError: The run has checkpoints but none of them is intact.
     """
     problems = []
-    for path in reversed(_step_dirs(run_dir)):
+    for path in reversed(checkpoint_dirs(run_dir)):
         problem = checkpoint_damage(path)
         if problem is None:
             if problems:
@@ -377,7 +377,7 @@ def latest_checkpoint(run_dir: str | os.PathLike[str]) -> Path | None:
 
 def discard_checkpoints_after(run_dir: str | os.PathLike[str], step: int) -> list[Path]:
     """Delete checkpoints with a step greater than ``step`` (resuming from an earlier one)."""
-    removed = [p for p in _step_dirs(run_dir) if int(p.name.split("_")[1]) > step]
+    removed = [p for p in checkpoint_dirs(run_dir) if int(p.name.split("_")[1]) > step]
     for path in removed:
         _delete_checkpoint(path)
     return removed

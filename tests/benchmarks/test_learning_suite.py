@@ -53,6 +53,8 @@ def test_babyai_trains_on_short_episodes_and_prints_the_bot_beside_random(tiny_d
     cell = out / "babyai-gotoredball" / "gigpo-seed0"
     config = json.loads((cell / "run" / "config.json").read_text())
     assert '"max_steps": 16' in config["env"]["spec"]  # training episodes are cut at 16 steps
+    before = json.loads((cell / "start.json").read_text())
+    assert 0 < before["length"] <= 16  # and so are the scored ones
     result = json.loads((cell / "result.json").read_text())
     assert 0.0 <= result["after_success"] <= 1.0
     curve = (cell / "curve.jsonl").read_text().splitlines()

@@ -116,6 +116,25 @@ def test_resuming_a_finished_run_returns_its_last_metrics(tmp_path):
     assert again["env/return_mean"] == finished["env/return_mean"]
 
 
+def test_a_fresh_start_refuses_a_directory_holding_another_runs_checkpoints(tmp_path):
+    run = tmp_path / "run"
+    make_policy(tmp_path).learn(envs(), total_episodes=4, output_dir=run)
+    saved = sorted((run / "checkpoints").iterdir())
+    with pytest.raises(ValueError, match=r"already holds checkpoints .* resume_from="):
+        make_policy(tmp_path).learn(envs(), total_episodes=4, output_dir=run)
+    assert sorted((run / "checkpoints").iterdir()) == saved  # nothing of the first run lost
+
+
+def test_a_fresh_start_drops_the_rows_of_a_start_that_saved_no_checkpoint(tmp_path):
+    earlier, run = tmp_path / "earlier", tmp_path / "run"
+    make_policy(tmp_path).learn(envs(), total_episodes=4, output_dir=earlier)
+    run.mkdir()  # as left by a start killed before its first checkpoint: rows, no checkpoint
+    (run / "metrics.jsonl").write_bytes((earlier / "metrics.jsonl").read_bytes())
+    metrics = make_policy(tmp_path, seed=4).learn(envs(), total_episodes=8, output_dir=run)
+    rows = read_metrics(run)
+    assert [row["step"] for row in rows] == list(range(1, metrics["train/update"] + 1))
+
+
 def test_learn_rejects_bad_total(tmp_path):
     policy = make_policy(tmp_path)
     with pytest.raises(ValueError, match="total_episodes must be an int >= 1, got 0"):

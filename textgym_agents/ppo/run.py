@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 
 from textgym.env_records import env_record
 from textgym_agents.atomic import atomic_write_json
-from textgym_agents.checkpoint import discard_checkpoints_after, rng_state
+from textgym_agents.checkpoint import checkpoint_dirs, discard_checkpoints_after, rng_state
 from textgym_agents.distributed.signals import StopSignals
 from textgym_agents.exceptions import CheckpointWriteError, NonFiniteUpdateError, SIGTERMExit
 from textgym_agents.ppo.run_files import (
@@ -107,6 +107,8 @@ class TrainingRun:
             self.resume(resume_from)
             process.barrier()  # all have read the checkpoint before the main process prunes
         else:
+            if trainer.update_step == 0:
+                self._refuse_a_started_run()
             torch.manual_seed(process.seed(config.seed))
         metrics_logger = None
         if self.output_dir is not None and process.is_main:
@@ -123,11 +125,17 @@ class TrainingRun:
                 },
             )
             metrics_logger = MetricsLogger(self.output_dir, report_to=config.report_to)
+            # Later metrics (and checkpoints) belong to an abandoned continuation: after the
+            # checkpoint resumed from, or, at a fresh start, a run stopped before its first save.
+            dropped = metrics_logger.truncate_after(trainer.update_step)
             if resume_from is not None:
-                # Continue from the checkpoint: later metrics and checkpoints belong to the
-                # abandoned continuation of the run.
-                metrics_logger.truncate_after(trainer.update_step)
                 discard_checkpoints_after(self.output_dir, trainer.update_step)
+            elif dropped:
+                logger.warning(
+                    "%s: dropped %d metrics rows of an earlier start that saved no checkpoint",
+                    self.output_dir,
+                    dropped,
+                )
         bar = tqdm(
             total=total_episodes,
             initial=min(trainer.episodes, total_episodes),
@@ -160,6 +168,18 @@ class TrainingRun:
                 plot_learning_curves([self.output_dir], self.output_dir / "learning_curve.png")
         process.barrier()  # learn() returns everywhere once the run directory is complete
         return metrics
+
+    def _refuse_a_started_run(self) -> None:
+        """Refuse a fresh start in a directory holding another run's checkpoints (not lost)."""
+        if self.output_dir is None:
+            return
+        saved = checkpoint_dirs(self.output_dir)
+        if saved:
+            raise ValueError(
+                f"{self.output_dir} already holds checkpoints of a run (up to {saved[-1].name}); "
+                f"continue it with train(..., resume_from='{self.output_dir}') or give another "
+                "output_dir"
+            )
 
     def _loop(
         self,
