@@ -118,11 +118,12 @@ def registered_ids() -> list[str]:
 
 
 def _register_builtin() -> None:
-    for name in PRESETS:
+    for name, preset in PRESETS.items():
         gym.register(
             id=f"{NAMESPACE}/{name}",
             entry_point="textgym.registration:make_text_env",
             kwargs={"env_id": name, "preset": name},
+            max_episode_steps=preset.max_episode_steps,
         )
     gym.register(
         id=f"{NAMESPACE}/Calculator-v0",

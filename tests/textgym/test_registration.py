@@ -113,6 +113,24 @@ def test_blackjack_success_is_a_won_hand():
     assert outcomes == {True, False}
 
 
+@pytest.mark.parametrize("env_id", [i for i in CLASSIC_IDS if i != "textgym/Blackjack-v1"])
+def test_every_registered_env_has_a_turn_limit(env_id):
+    """A policy that never reaches a goal still ends its episodes (evaluation terminates).
+
+    Blackjack needs none: every hit draws a card, so a hand ends within 21 turns.
+    """
+    assert gym.make(env_id).spec.max_episode_steps is not None
+
+
+def test_cliffwalking_is_cut_at_100_turns_though_gymnasiums_has_no_limit():
+    assert gym.spec("CliffWalking-v1").max_episode_steps is None
+    env = gym.make("textgym/CliffWalking-v1")
+    env.reset(seed=0)
+    for turn in range(1, 101):  # walking into the top edge never reaches the goal
+        _, _, terminated, truncated, _ = env.step('{"action": "up"}')
+        assert not terminated and truncated is (turn == 100)
+
+
 def test_presets_without_a_goal_report_no_success():
     env = gym.make("textgym/CartPole-v1", max_episode_steps=3)
     env.reset(seed=0)

@@ -299,7 +299,9 @@ class TextPreset:
     """What a registered ``textgym/<Env>`` id wraps and how.
 
     ``options`` are :class:`~textgym.wrappers.TextEnvWrapper` options; ``success`` is the
-    :class:`ReportSuccess` rule for envs with a goal (None: no success rate).
+    :class:`ReportSuccess` rule for envs with a goal (None: no success rate);
+    ``max_episode_steps`` a turn limit for base envs registered without one (None: the base
+    env's own).
     """
 
     env_id: str
@@ -307,6 +309,7 @@ class TextPreset:
     system_prompt: str
     options: dict[str, Any] = field(default_factory=dict)
     success: str | None = None
+    max_episode_steps: int | None = None
 
 
 _GRID_ACTIONS = "Actions move you one cell; moving into the edge leaves you where you are."
@@ -347,6 +350,9 @@ PRESETS: dict[str, TextPreset] = {
         f"start. Every step costs -1, so take a short, safe path. {_GRID_ACTIONS}",
         {"action_names": ("up", "right", "down", "left")},
         success="terminated",
+        # Gymnasium's CliffWalking has no time limit: a policy that never reaches the goal
+        # (a cold-start greedy one walking into the edge) would play one episode forever.
+        max_episode_steps=100,
     ),
     "Taxi-v4": TextPreset(
         "Taxi-v4",
