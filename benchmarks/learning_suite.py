@@ -259,9 +259,9 @@ def _main() -> None:
         ]
         random_ref = random_reference(env_name, args.eval_episodes)
         reference = {"random": random_ref["return"] if random_ref else None}
-        optimal = ENVS[env_name]["optimal"]
+        spec = ENVS[env_name]
+        optimal = spec["optimal"]
         if optimal == "bot":
-            spec = ENVS[env_name]
             bot = bot_baseline(spec["id"], args.eval_episodes, EVAL_SEED, **spec["kwargs"])
             reference["optimal"] = bot["return"]
             optimal = (

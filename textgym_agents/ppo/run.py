@@ -103,11 +103,12 @@ class TrainingRun:
         trainer, config, process = self.trainer, self.trainer.config, self.process
         if trainer.envs is not None:  # recorded in config.json and every saved policy
             trainer.policy.trained_env = env_record(trainer.envs)
+        fresh = resume_from is None and trainer.update_step == 0
         if resume_from is not None:
             self.resume(resume_from)
             process.barrier()  # all have read the checkpoint before the main process prunes
         else:
-            if trainer.update_step == 0:
+            if fresh:
                 self._refuse_a_started_run()
             torch.manual_seed(process.seed(config.seed))
         metrics_logger = None
@@ -124,13 +125,15 @@ class TrainingRun:
                     "env": trainer.policy.trained_env,
                 },
             )
+            metrics_file = self.output_dir / METRICS_FILE
+            earlier_start = fresh and metrics_file.is_file() and metrics_file.stat().st_size > 0
             metrics_logger = MetricsLogger(self.output_dir, report_to=config.report_to)
             # Later metrics (and checkpoints) belong to an abandoned continuation: after the
             # checkpoint resumed from, or, at a fresh start, a run stopped before its first save.
-            dropped = metrics_logger.truncate_after(trainer.update_step)
             if resume_from is not None:
+                metrics_logger.truncate_after(trainer.update_step)
                 discard_checkpoints_after(self.output_dir, trainer.update_step)
-            elif dropped:
+            elif earlier_start and (dropped := metrics_logger.truncate_after(0)):
                 logger.warning(
                     "%s: dropped %d metrics rows of an earlier start that saved no checkpoint",
                     self.output_dir,
