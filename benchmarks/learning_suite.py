@@ -30,6 +30,7 @@ import gymnasium as gym
 import numpy as np
 
 import textgym  # noqa: F401  (registers the text envs)
+from textgym.checker import find_text_wrapper
 from textgym.episodes import reply_choices
 from textgym_agents import PPOPolicy, evaluate
 from textgym_agents.exceptions import SIGTERMExit
@@ -37,28 +38,35 @@ from textgym_agents.ppo.trainer import PPOTrainer
 
 try:
     import blackjack_exact
+    import tabular_exact
     from babyai_random import bot_baseline
     from blackjack_learning import greedy_table
     from curve_points import CurvePoints, cell_config, train_cell
 except ImportError:  # imported as benchmarks.learning_suite
-    from benchmarks import blackjack_exact
+    from benchmarks import blackjack_exact, tabular_exact
     from benchmarks.babyai_random import bot_baseline
     from benchmarks.blackjack_learning import greedy_table
     from benchmarks.curve_points import CurvePoints, cell_config, train_cell
 
-LAST_TABLE: list[str] = []  # Blackjack: the greedy reply (H/S) in each state of the last score
+LAST_TABLE: list[str] = []  # the greedy reply's first letter in each state of the last exact score
 # Held-out: training resets use the config seed's own seeds (small ones, or 32-bit hashes for
 # seed-shared groups, which meet this range with negligible probability).
 EVAL_SEED = 1_000_000
 ENVS: dict[str, dict[str, Any]] = {
     "blackjack": {"id": "textgym/Blackjack-v1", "kwargs": {}, "optimal": -0.0431},
-    "frozenlake": {"id": "textgym/FrozenLake-v1", "kwargs": {"is_slippery": False}, "optimal": 1.0},
+    # Tabular envs ("optimal": "tabular"): scored exactly by tabular_exact (the greedy table's
+    # expected return under the time limit), the optimum by value iteration in the same run.
+    "frozenlake": {
+        "id": "textgym/FrozenLake-v1",
+        "kwargs": {"is_slippery": False},
+        "optimal": "tabular",
+    },
     "frozenlake-slippery": {
         "id": "textgym/FrozenLake-v1",
         "kwargs": {"is_slippery": True},
-        "optimal": 0.74,  # value iteration, 100-step limit (Gymnasium's docs: ~0.74)
+        "optimal": "tabular",  # 0.7402 at the 100-step limit (Gymnasium's docs: ~0.74)
     },
-    "cliffwalking": {"id": "textgym/CliffWalking-v1", "kwargs": {}, "optimal": -13.0},
+    "cliffwalking": {"id": "textgym/CliffWalking-v1", "kwargs": {}, "optimal": "tabular"},
     "calculator": {"id": "textgym/Calculator-v0", "kwargs": {}, "optimal": None},
     # BabyAI-Text (GLAM's benchmark): success is facing the red ball. Training and scoring
     # episodes stop after 16 steps, not the level's 64 (the bot needs 5.2 on average; a
@@ -76,9 +84,11 @@ ENVS: dict[str, dict[str, Any]] = {
 
 
 def score(policy: Any, env_name: str, episodes: int) -> dict[str, float]:
-    """Greedy return and its standard error: exact on Blackjack, else over held-out episodes.
+    """Greedy return and its standard error: exact on Blackjack and the tabular envs, else over
+    held-out episodes.
 
-    Envs that report ``is_success`` also give ``success`` (the rate) and ``success_se``.
+    Envs that report ``is_success`` also give ``success`` (the rate) and ``success_se``;
+    FrozenLake's success probability is its expected return (1 at the goal, else 0).
     """
     spec = ENVS[env_name]
     env = gym.make(spec["id"], **spec["kwargs"])
@@ -90,6 +100,15 @@ def score(policy: Any, env_name: str, episodes: int) -> dict[str, float]:
                 "return": blackjack_exact.expected_return(lambda *state: table[state]),
                 "se": 0.0,
             }
+        if spec["optimal"] == "tabular" and policy is not None:
+            table = tabular_exact.greedy_policy(policy, env)
+            replies = find_text_wrapper(env).reply_choices()  # in action order
+            LAST_TABLE[:] = [_action_name(replies[a])[0].upper() for a in table.argmax(1)]
+            value = tabular_exact.expected_return(env, table, env.spec.max_episode_steps)
+            found = {"return": value, "se": 0.0}
+            if env_name.startswith("frozenlake"):
+                found.update(success=value, success_se=0.0)
+            return found
         result = evaluate(policy, env, episodes, seed=EVAL_SEED)
         found = {
             "return": float(result["mean_return"]),
@@ -110,6 +129,13 @@ def random_reference(env_name: str, episodes: int) -> dict[str, float] | None:
     if env_name == "blackjack":
         return {"return": blackjack_exact.expected_return(lambda *state: 0.5), "se": 0.0}
     spec = ENVS[env_name]
+    if spec["optimal"] == "tabular":
+        env = gym.make(spec["id"], **spec["kwargs"])
+        uniform = tabular_exact.uniform(env)
+        return {
+            "return": tabular_exact.expected_return(env, uniform, env.spec.max_episode_steps),
+            "se": 0.0,
+        }
     env = gym.make(spec["id"], **spec["kwargs"])
     choices = reply_choices(env)
     env.close()
@@ -146,6 +172,8 @@ def run_cell(args: argparse.Namespace, env_name: str, estimator: str, seed: int)
         found = score(policy, env_name, args.curve_episodes or args.eval_episodes)
         if env_name == "blackjack":  # which of the 280 states it hits in, in states() order
             found["hits"] = "".join(LAST_TABLE)
+        elif ENVS[env_name]["optimal"] == "tabular":  # the greedy move's initial, state by state
+            found["table"] = "".join(LAST_TABLE)
         return found
 
     def report(done: int, found: dict[str, Any]) -> None:
@@ -268,6 +296,14 @@ def _main() -> None:
                 f"(BabyAI bot) {bot['return']:.4f}, success {bot['success']:.1%} "
                 f"(se {bot['se']:.1%}), {bot['length']:.1f} steps"
             )
+        elif optimal == "tabular":
+            env = gym.make(spec["id"], **spec["kwargs"])
+            horizon = env.spec.max_episode_steps
+            optimal = tabular_exact.expected_return(
+                env, tabular_exact.optimal(env, horizon), horizon
+            )
+            reference["optimal"] = optimal
+            optimal = f"{optimal:.4f} (value iteration, exact)"
         else:
             reference["optimal"] = optimal
         print(f"\n{env_name}: random {_fmt(random_ref)}, optimal {optimal}")
@@ -295,6 +331,11 @@ def _main() -> None:
         path = plot(out, env_name, reference)
         if path is not None:
             print(f"Curves: {path}")
+
+
+def _action_name(reply: str) -> str:
+    """The move a choice reply names: ``{"action": "left"}`` -> ``left``."""
+    return str(json.loads(reply).get("action", reply)) if reply.startswith("{") else reply
 
 
 def _fmt(value: dict[str, float] | None) -> str:

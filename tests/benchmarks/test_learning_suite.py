@@ -33,9 +33,16 @@ def test_every_cell_trains_is_scored_and_plotted_and_is_read_back(tiny_dir, tmp_
     )
     assert len(blackjack["hits"]) == 280 and set(blackjack["hits"]) <= {"H", "S"}
     assert blackjack["se"] == 0.0  # exact
+    # FrozenLake is scored exactly too (tabular_exact): a greedy move per state, no s.e.
+    assert "frozenlake: random 0.0139 (se 0.0000)" in stdout
+    assert "optimal 1.0000 (value iteration, exact)" in stdout
     frozen = json.loads((out / "frozenlake" / "gae-seed0" / "result.json").read_text())
-    assert frozen["after_se"] >= 0.0
-    assert 0.0 <= frozen["after_success"] <= 1.0 and frozen["before_success_se"] >= 0.0
+    assert frozen["after_se"] == 0.0 and frozen["after_success"] == frozen["after"]
+    assert 0.0 <= frozen["after_success"] <= 1.0 and frozen["before_success_se"] == 0.0
+    point = json.loads(
+        (out / "frozenlake" / "gae-seed0" / "curve.jsonl").read_text().splitlines()[0]
+    )
+    assert len(point["table"]) == 16 and set(point["table"]) <= set("LDRU")
     assert "|   seed 0 success | |" in stdout  # envs that report is_success get a success row
     # Run again: finished cells are read back, not retrained (the same table comes out).
     again = run_suite(tiny_dir, out)

@@ -1,0 +1,82 @@
+"""The exact tabular return (benchmarks/tabular_exact.py) against the Gymnasium envs themselves."""
+
+import doctest
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import textgym  # noqa: F401
+from benchmarks import tabular_exact
+from benchmarks.tabular_exact import expected_return, greedy_policy, optimal, uniform
+from textgym_agents import PPOConfig, PPOPolicy, evaluate
+
+
+def sampled_returns(env, policy, episodes, seed=0):
+    """Returns of ``policy`` (a (states, actions) probability table) in real episodes."""
+    rng = np.random.default_rng(seed)
+    cumulative = policy.cumsum(1)
+    returns = np.empty(episodes)
+    for i in range(episodes):
+        state, _ = env.reset(seed=seed + i)
+        total, done = 0.0, False
+        while not done:
+            action = min(int(np.searchsorted(cumulative[state], rng.random())), policy.shape[1] - 1)
+            state, reward, terminated, truncated, _ = env.step(action)
+            total += float(reward)
+            done = terminated or truncated
+        returns[i] = total
+    return returns
+
+
+def test_the_module_examples_run():
+    assert doctest.testmod(tabular_exact).failed == 0
+
+
+@pytest.mark.parametrize(
+    ("env_id", "kwargs", "table", "episodes"),
+    [
+        ("FrozenLake-v1", {"is_slippery": True}, "uniform", 10_000),
+        ("FrozenLake-v1", {"is_slippery": True}, "optimal", 2_000),
+        ("CliffWalking-v1", {"max_episode_steps": 100}, "uniform", 1_000),
+        ("CliffWalking-v1", {"max_episode_steps": 100, "is_slippery": True}, "optimal", 2_000),
+    ],
+)
+def test_the_exact_return_is_the_mean_of_real_episodes(env_id, kwargs, table, episodes):
+    env = gym.make(env_id, **kwargs)
+    horizon = env.spec.max_episode_steps
+    policy = uniform(env) if table == "uniform" else optimal(env, horizon)
+    exact = expected_return(env, policy, horizon)
+    returns = sampled_returns(env, policy, episodes)
+    se = returns.std(ddof=1) / np.sqrt(episodes)
+    assert abs(returns.mean() - exact) < 4 * se + 1e-9, (returns.mean(), exact, se)
+
+
+def test_known_values_at_the_time_limit():
+    slippery = gym.make("FrozenLake-v1", is_slippery=True)
+    assert expected_return(slippery, optimal(slippery, 100), 100) == pytest.approx(0.7402, abs=1e-4)
+    cliff = gym.make("CliffWalking-v1")
+    assert expected_return(cliff, optimal(cliff, 100), 100) == -13.0  # the 13-step path
+    # A table that walks into the edge forever is cut by the limit: 100 steps of -1.
+    assert expected_return(cliff, np.eye(4)[np.full(48, 3)], 100) == -100.0
+
+
+def test_an_env_without_a_transition_table_is_refused():
+    with pytest.raises(TypeError, match="publishes no transition table P"):
+        expected_return(gym.make("CartPole-v1"), np.ones((1, 2)), 10)
+
+
+@pytest.mark.parametrize(
+    ("env_id", "kwargs"),
+    [("textgym/FrozenLake-v1", {"is_slippery": False}), ("textgym/CliffWalking-v1", {})],
+)
+def test_the_greedy_table_plays_as_the_policy_does_in_the_text_env(tiny_dir, env_id, kwargs):
+    """Deterministic envs: one greedy episode of the text env returns the table's exact value."""
+    env = gym.make(env_id, **kwargs)
+    policy = PPOPolicy.from_pretrained(tiny_dir, config=PPOConfig.for_env(env, seed=0))
+    table = greedy_policy(policy, env)
+    assert table.shape == (env.unwrapped.observation_space.n, 4)
+    assert (table.sum(1) == 1).all()
+    played = evaluate(policy, env, 1, seed=0, num_envs=1)
+    exact = expected_return(env, table, env.spec.max_episode_steps)
+    assert played["mean_return"] == pytest.approx(exact)
