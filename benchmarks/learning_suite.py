@@ -164,7 +164,7 @@ def run_cell(args: argparse.Namespace, env_name: str, estimator: str, seed: int)
     cell.mkdir(parents=True, exist_ok=True)
     start_file = cell / "start.json"
     if not start_file.exists():
-        start_file.write_text(json.dumps(score(policy, env_name, args.eval_episodes)))
+        start_file.write_text(json.dumps(untrained_score(args, env_name, policy)))
     before_data = json.loads(start_file.read_text())
     trainer = PPOTrainer(policy, envs, output_dir=cell / "run")
 
@@ -187,7 +187,7 @@ def run_cell(args: argparse.Namespace, env_name: str, estimator: str, seed: int)
 
     metrics, seconds, episodes = train_cell(trainer, cell / "run", args.episodes, curve)
     envs.close()
-    after = score(policy, env_name, args.eval_episodes)
+    after = final_point(curve_file, episodes, args) or score(policy, env_name, args.eval_episodes)
     result = {
         "env": env_name,
         "estimator": estimator,
@@ -208,6 +208,34 @@ def run_cell(args: argparse.Namespace, env_name: str, estimator: str, seed: int)
             result[f"after_{key}"] = after[key]
     result_file.write_text(json.dumps(result, indent=2))
     return result
+
+
+def untrained_score(args: argparse.Namespace, env_name: str, policy: Any) -> dict[str, Any]:
+    """The greedy score before training, computed once per env and shared by its cells.
+
+    LoRA starts with its B matrices at zero, so before training every cell's policy is the base
+    model, whatever its estimator or seed: a sibling cell's ``start.json`` made with the same
+    model, ``--settings`` and ``--eval-episodes`` is that score (``reused_from`` says whose).
+    """
+    key = {"model": args.model, "settings": args.settings, "eval_episodes": args.eval_episodes}
+    for sibling in sorted((Path(args.out) / env_name).glob("*/start.json")):
+        found = json.loads(sibling.read_text())
+        if found.get("key") == key:
+            return {**found, "reused_from": sibling.parent.name}
+    return {**score(policy, env_name, args.eval_episodes), "key": key}
+
+
+def final_point(curve_file: Path, episodes: int, args: argparse.Namespace) -> dict | None:
+    """The curve's last point when it scored the finished policy as the final score would.
+
+    A point taken at the run's last update with ``--curve-episodes`` equal to
+    ``--eval-episodes`` (or unset) is the after-training score: reused, not measured twice.
+    """
+    if args.curve_episodes not in (None, args.eval_episodes) or not curve_file.exists():
+        return None
+    lines = curve_file.read_text().splitlines()
+    last = json.loads(lines[-1]) if lines else None
+    return last if last is not None and last["episodes"] == episodes else None
 
 
 def curves(out: Path, env_name: str) -> dict[str, list[list[tuple[int, float]]]]:

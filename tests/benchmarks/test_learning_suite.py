@@ -18,11 +18,12 @@ def run_suite(tiny_dir, out, *extra, envs="blackjack,frozenlake", estimators="ga
 def test_every_cell_trains_is_scored_and_plotted_and_is_read_back(tiny_dir, tmp_path):
     out = tmp_path / "suite"
     stdout = run_suite(tiny_dir, out)
+    cells = ("gae-seed0", "gae-seed1", "rloo-seed0", "rloo-seed1")
     assert "blackjack: random -0.3942 (se 0.0000), optimal -0.0431" in stdout
     assert "| gae | 2 |" in stdout and "| rloo | 2 |" in stdout
     for env_name in ("blackjack", "frozenlake"):
         assert (out / f"{env_name}.png").read_bytes()[:4] == b"\x89PNG"
-        for cell in ("gae-seed0", "gae-seed1", "rloo-seed0", "rloo-seed1"):
+        for cell in cells:
             result = json.loads((out / env_name / cell / "result.json").read_text())
             assert result["episodes"] >= 8 and result["settings"]["seed"] == int(cell[-1])
             assert result["settings"]["advantage_estimator"] == cell.split("-")[0]
@@ -44,6 +45,18 @@ def test_every_cell_trains_is_scored_and_plotted_and_is_read_back(tiny_dir, tmp_
     )
     assert len(point["table"]) == 16 and set(point["table"]) <= set("LDRU")
     assert "|   seed 0 success | |" in stdout  # envs that report is_success get a success row
+    # The untrained score is computed once per env (LoRA's B starts at zero: every cell's
+    # policy is the base model then) and the last curve point, taken after the last update
+    # over as many episodes, is the after-training score.
+    starts = [json.loads((out / "frozenlake" / c / "start.json").read_text()) for c in cells]
+    assert "reused_from" not in starts[0]
+    assert all(s["reused_from"] == "gae-seed0" for s in starts[1:])
+    assert len({s["return"] for s in starts}) == 1
+    for cell in cells:
+        result = json.loads((out / "frozenlake" / cell / "result.json").read_text())
+        last = json.loads((out / "frozenlake" / cell / "curve.jsonl").read_text().splitlines()[-1])
+        if last["episodes"] == result["episodes"]:
+            assert result["after"] == last["return"]
     # Run again: finished cells are read back, not retrained (the same table comes out).
     again = run_suite(tiny_dir, out)
     table = [line for line in stdout.splitlines() if line.startswith("| ")]
@@ -66,3 +79,18 @@ def test_babyai_trains_on_short_episodes_and_prints_the_bot_beside_random(tiny_d
     assert 0.0 <= result["after_success"] <= 1.0
     curve = (cell / "curve.jsonl").read_text().splitlines()
     assert curve and all("success" in json.loads(line) for line in curve)
+
+
+def test_the_last_curve_point_is_the_final_score_only_when_measured_the_same_way(tmp_path):
+    from argparse import Namespace
+
+    from benchmarks.learning_suite import final_point
+
+    curve = tmp_path / "curve.jsonl"
+    curve.write_text('{"episodes": 96, "return": 0.1}\n{"episodes": 130, "return": 0.25}\n')
+    same = Namespace(curve_episodes=None, eval_episodes=200)
+    assert final_point(curve, 130, same) == {"episodes": 130, "return": 0.25}
+    assert final_point(curve, 144, same) is None  # trained past the last point
+    fewer = Namespace(curve_episodes=48, eval_episodes=200)  # points over fewer episodes
+    assert final_point(curve, 130, fewer) is None
+    assert final_point(tmp_path / "missing.jsonl", 130, same) is None
