@@ -239,7 +239,8 @@ def final_point(curve_file: Path, episodes: int, args: argparse.Namespace) -> di
 
 
 def curves(out: Path, env_name: str) -> dict[str, list[list[tuple[int, float]]]]:
-    """Each estimator's curves (one per seed) of greedy return against training episodes."""
+    """Each estimator's curves (one per seed) of greedy return against training episodes: the
+    untrained score, the curve points and the final score."""
     found: dict[str, list[list[tuple[int, float]]]] = {}
     for curve_file in sorted((out / env_name).glob("*/curve.jsonl")):
         estimator = curve_file.parent.name.rsplit("-seed", 1)[0]
@@ -248,6 +249,11 @@ def curves(out: Path, env_name: str) -> dict[str, list[list[tuple[int, float]]]]
             (row["episodes"], row["return"])
             for row in map(json.loads, curve_file.read_text().splitlines())
         ]
+        result_file = curve_file.parent / "result.json"
+        if result_file.exists():  # the final score, where it is past the last curve point
+            result = json.loads(result_file.read_text())
+            if result["episodes"] > points[-1][0]:
+                points.append((result["episodes"], result["after"]))
         found.setdefault(estimator, []).append(points)
     return found
 

@@ -94,3 +94,16 @@ def test_the_last_curve_point_is_the_final_score_only_when_measured_the_same_way
     fewer = Namespace(curve_episodes=48, eval_episodes=200)  # points over fewer episodes
     assert final_point(curve, 130, fewer) is None
     assert final_point(tmp_path / "missing.jsonl", 130, same) is None
+
+
+def test_a_curve_runs_from_the_untrained_score_to_the_final_one(tmp_path):
+    from benchmarks.learning_suite import curves
+
+    cell = tmp_path / "calculator" / "gae-seed0"
+    cell.mkdir(parents=True)
+    (cell / "start.json").write_text('{"return": -0.45, "se": 0.1}')
+    (cell / "curve.jsonl").write_text('{"episodes": 30, "return": 0.56}\n')
+    (cell / "result.json").write_text('{"episodes": 39, "after": 0.575}')
+    assert curves(tmp_path, "calculator") == {"gae": [[(0, -0.45), (30, 0.56), (39, 0.575)]]}
+    (cell / "result.json").write_text('{"episodes": 30, "after": 0.56}')  # the same point
+    assert curves(tmp_path, "calculator") == {"gae": [[(0, -0.45), (30, 0.56)]]}
