@@ -137,12 +137,11 @@ def random_reference(env_name: str, episodes: int) -> dict[str, float] | None:
             "se": 0.0,
         }
     env = gym.make(spec["id"], **spec["kwargs"])
-    choices = reply_choices(env)
+    replies = reply_choices(env)  # a single env's list of valid replies
     env.close()
-    if not choices or choices[0] is None:
+    if not replies:
         return None
     rng = np.random.default_rng(0)
-    replies = choices[0]
 
     def pick(messages: Any) -> str:
         return replies[int(rng.integers(len(replies)))]

@@ -107,3 +107,15 @@ def test_a_curve_runs_from_the_untrained_score_to_the_final_one(tmp_path):
     assert curves(tmp_path, "calculator") == {"gae": [[(0, -0.45), (30, 0.56), (39, 0.575)]]}
     (cell / "result.json").write_text('{"episodes": 30, "after": 0.56}')  # the same point
     assert curves(tmp_path, "calculator") == {"gae": [[(0, -0.45), (30, 0.56)]]}
+
+
+def test_the_random_reference_plays_random_valid_replies(monkeypatch):
+    """Scored over sampled episodes where no exact score exists: Blackjack, sampled, lands on
+    the exact random return (-0.3942) within the standard error."""
+    from benchmarks import learning_suite
+
+    sampled = {"id": "textgym/Blackjack-v1", "kwargs": {}, "optimal": -0.0431}
+    monkeypatch.setitem(learning_suite.ENVS, "blackjack-sampled", sampled)
+    found = learning_suite.random_reference("blackjack-sampled", 2000)
+    assert found["se"] > 0
+    assert abs(found["return"] - -0.3942) < 4 * found["se"], found
