@@ -21,6 +21,7 @@ import json
 import re
 import time
 from pathlib import Path
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -50,8 +51,9 @@ def read_state(messages):
     return int(match.group(1)), 1 if dealer == "ace" else int(dealer), bool(match.group(2))
 
 
-def first_turn_prompt(policy: PPOPolicy, text_env, state: tuple[int, int, int]) -> list[int]:
-    """Token ids of what the model sees on a hand's first turn in ``state`` (total, dealer, ace)."""
+def first_turn_prompt(policy: PPOPolicy, text_env, state: Any) -> list[int]:
+    """Token ids of what the model sees on a first turn in ``state`` (Blackjack: total, dealer,
+    ace), for a text env that shows only the current state."""
     messages = [
         {"role": "system", "content": text_env.system_prompt},
         {"role": "user", "content": text_env.format_observation(state, {})},
@@ -65,11 +67,17 @@ def hit_choices(policy: PPOPolicy, env: gym.Env, states) -> torch.Tensor:
     text_env = find_text_wrapper(env)  # the text layer under gym.make's wrappers
     options = text_env.reply_choices()
     order = [options.index('{"action": "stick"}'), options.index('{"action": "hit"}')]
+    return state_choice_logps(policy, text_env, states)[:, order]
+
+
+def state_choice_logps(policy: PPOPolicy, text_env, states) -> torch.Tensor:
+    """(N, choices) log-probabilities of ``text_env.reply_choices()`` (in that order) on the
+    first-turn prompts of ``states``, as choice decoding scores them."""
     prompts = [first_turn_prompt(policy, text_env, state) for state in states]
-    ids = policy.choice_ids(options)
+    ids = policy.choice_ids(text_env.reply_choices())
     with torch.no_grad():
         logps = policy.score_choices(prompts, [ids] * len(prompts)).logps
-    return torch.stack(list(logps))[:, order]
+    return torch.stack(list(logps))
 
 
 def greedy_table(policy: PPOPolicy, env: gym.Env) -> dict[tuple[int, int, bool], str]:

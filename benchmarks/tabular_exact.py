@@ -31,9 +31,13 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-import torch
 
 from textgym.checker import find_text_wrapper
+
+try:
+    from blackjack_learning import state_choice_logps
+except ImportError:  # imported as benchmarks.tabular_exact
+    from benchmarks.blackjack_learning import state_choice_logps
 
 
 def _model(env: gym.Env) -> tuple[dict[int, dict[int, list[tuple]]], np.ndarray]:
@@ -104,18 +108,6 @@ def greedy_policy(policy: Any, env: gym.Env) -> np.ndarray:
     options = text_env.reply_choices()
     if not options:
         raise ValueError(f"{env} lists no valid replies: a greedy table needs choice decoding")
-    n_states = env.unwrapped.observation_space.n
-    prompts = [
-        policy.encode(
-            [
-                {"role": "system", "content": text_env.system_prompt},
-                {"role": "user", "content": text_env.format_observation(s, {})},
-            ]
-        )
-        for s in range(n_states)
-    ]
-    ids = policy.choice_ids(options)
-    with torch.no_grad():
-        logps = policy.score_choices(prompts, [ids] * n_states).logps
+    logps = state_choice_logps(policy, text_env, range(env.unwrapped.observation_space.n))
     actions = [text_env.parse_reply(options[int(row.argmax())])[0] for row in logps]
     return np.eye(env.unwrapped.action_space.n)[actions]
