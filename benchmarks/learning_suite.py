@@ -88,7 +88,8 @@ def score(policy: Any, env_name: str, episodes: int) -> dict[str, float]:
     held-out episodes.
 
     Envs that report ``is_success`` also give ``success`` (the rate) and ``success_se``;
-    FrozenLake's success probability is its expected return (1 at the goal, else 0).
+    FrozenLake's success probability is its expected return (1 at the goal, else 0). The
+    tabular envs also give ``sampling_return``: the exact return of the moves training samples.
     """
     spec = ENVS[env_name]
     env = gym.make(spec["id"], **spec["kwargs"])
@@ -101,11 +102,18 @@ def score(policy: Any, env_name: str, episodes: int) -> dict[str, float]:
                 "se": 0.0,
             }
         if spec["optimal"] == "tabular" and policy is not None:
-            table = tabular_exact.greedy_policy(policy, env)
+            table, sampling = tabular_exact.policy_tables(policy, env)
             replies = find_text_wrapper(env).reply_choices()  # in action order
             LAST_TABLE[:] = [_action_name(replies[a])[0].upper() for a in table.argmax(1)]
-            value = tabular_exact.expected_return(env, table, env.spec.max_episode_steps)
-            found = {"return": value, "se": 0.0}
+            horizon = env.spec.max_episode_steps
+            value = tabular_exact.expected_return(env, table, horizon)
+            # What training samples: a sharper signal than the greedy table, which can sit on
+            # 0 while the moves it samples get better.
+            found = {
+                "return": value,
+                "se": 0.0,
+                "sampling_return": tabular_exact.expected_return(env, sampling, horizon),
+            }
             if env_name.startswith("frozenlake"):
                 found.update(success=value, success_se=0.0)
             return found
@@ -177,6 +185,8 @@ def run_cell(args: argparse.Namespace, env_name: str, estimator: str, seed: int)
 
     def report(done: int, found: dict[str, Any]) -> None:
         success = f", success {found['success']:.1%}" if "success" in found else ""
+        if "sampling_return" in found:
+            success += f", sampling {found['sampling_return']:.4f}"
         print(
             f"  {env_name} {estimator} seed {seed}: {done} episodes, "
             f"greedy {found['return']:.4f}{success}"
@@ -200,7 +210,7 @@ def run_cell(args: argparse.Namespace, env_name: str, estimator: str, seed: int)
         "hands_per_s": episodes / max(seconds, 1e-9),
         "settings": config.to_dict(),
     }
-    for key in ("success", "success_se"):
+    for key in ("success", "success_se", "sampling_return"):
         if key in before_data:
             result[f"before_{key}"] = before_data[key]
         if key in after:
