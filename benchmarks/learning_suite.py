@@ -371,6 +371,11 @@ def _main() -> None:
                         f"{r['before_success_se']:.1%} | {r['after_success']:.1%} ± "
                         f"{r['after_success_se']:.1%} | |"
                     )
+                if "after_sampling_return" in r:  # the moves training samples, exactly
+                    print(
+                        f"|   seed {r['seed']} sampling | | {r['before_sampling_return']:.4f} | "
+                        f"{r['after_sampling_return']:.4f} | |"
+                    )
         path = plot(out, env_name, reference)
         if path is not None:
             print(f"Curves: {path}")
