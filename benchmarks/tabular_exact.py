@@ -155,11 +155,10 @@ def main() -> None:
     text_env = find_text_wrapper(env)
     names = {text_env.parse_reply(o)[0]: o for o in reversed(text_env.reply_choices())}
     tables = {"random": uniform(env), "optimal": optimal(env, env.spec.max_episode_steps)}
-    policy = None
+    policy = PPOPolicy.from_pretrained(args.model, config=PPOConfig.for_env(env, progress=False))
     for temperature in [float(t) for t in args.temperatures.split(",")]:
-        config = PPOConfig.for_env(env, temperature=temperature, progress=False)
-        policy = PPOPolicy.from_pretrained(args.model, config=config) if policy is None else policy
-        policy.config = config
+        # Only the temperature differs: the choices' scores are divided by it when scored.
+        policy.config = PPOConfig.for_env(env, temperature=temperature, progress=False)
         greedy, sampling = policy_tables(policy, env)
         tables["greedy"] = greedy
         tables[f"sampling, T = {temperature:g}"] = sampling
