@@ -2,7 +2,9 @@
 
 A linear scan over the reply's braces and quotes, never a JSON parse: braces inside JSON
 strings (escaped quotes included) do not count, unbalanced text simply yields no span, and a
-reply of a million ``{`` costs one ``rfind``. :mod:`textgym.parsers` validates what is found.
+reply of a million ``{`` costs one ``rfind``. Objects without nested objects (the common case,
+70,000 of them in a megabyte reply) are matched by one regular expression; only nested ones
+are walked brace by brace. :mod:`textgym.parsers` validates what is found.
 """
 
 from __future__ import annotations
@@ -13,6 +15,11 @@ __all__ = ["fenced_blocks", "json_objects", "json_spans", "outside_json"]
 
 _FENCE = re.compile(r"```[ \t]*(?:json|JSON)?[ \t]*\n?(.*?)```", re.DOTALL)
 _JSON_TOKENS = re.compile(r'[{}"]')
+# An object without nested objects: text other than braces and quotes, and JSON strings (a
+# backslash escapes the next character); else a lone "{" (nested objects, or one never closed).
+# Unrolled loops: every character has one way to match, so a failed match backtracks in
+# linear time.
+_FLAT_OBJECT_OR_OPEN = re.compile(r'\{[^{}"]*(?:"[^"\\]*(?:\\.[^"\\]*)*"[^{}"]*)*\}|\{', re.DOTALL)
 
 
 def fenced_blocks(text: str) -> list[str]:
@@ -60,28 +67,44 @@ def json_spans(text: str, limit: int | None) -> list[tuple[int, int]]:
         [(0, 12), (13, 15)]
     """
     spans: list[tuple[int, int]] = []
-    depth, start, in_string = 0, 0, False
     # No span can end after the last "}": stop there (a reply of a million "{" costs nothing).
-    last_close = text.rfind("}")
-    for match in _JSON_TOKENS.finditer(text, 0, last_close + 1):
+    end = text.rfind("}") + 1
+    pos = 0
+    while True:
+        # Outside objects, quotes and "}" are prose: an object starts at the next "{".
+        for match in _FLAT_OBJECT_OR_OPEN.finditer(text, pos, end):
+            start, stop = match.span()
+            if stop == start + 1:  # a lone "{": walk its nested objects
+                stop = _nested_object_end(text, start, end)
+                if stop < 0:  # never closed: neither is any object after it
+                    return spans
+            spans.append((start, stop))
+            if limit is not None and len(spans) >= limit:
+                return spans
+            if stop > match.end():  # resume the search after the nested object
+                pos = stop
+                break
+        else:
+            return spans
+
+
+def _nested_object_end(text: str, start: int, end: int) -> int:
+    """Return the end of the object opening at ``start``, or -1 if it does not close by ``end``."""
+    depth, in_string = 0, False
+    for match in _JSON_TOKENS.finditer(text, start, end):
         char, pos = match.group(), match.start()
         if in_string:
             if char == '"' and not _is_escaped(text, pos):
                 in_string = False
-            continue
-        if char == '"' and depth > 0:
+        elif char == '"':
             in_string = True
         elif char == "{":
-            if depth == 0:
-                start = pos
             depth += 1
-        elif char == "}" and depth > 0:
+        else:
             depth -= 1
             if depth == 0:
-                spans.append((start, pos + 1))
-                if limit is not None and len(spans) >= limit:
-                    break
-    return spans
+                return pos + 1
+    return -1
 
 
 def _is_escaped(text: str, pos: int) -> bool:

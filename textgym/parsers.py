@@ -1,7 +1,9 @@
 """Turn a model's reply text into an env action, or an :class:`ActionParseError`.
 
 Parsing = extract (a fenced ```json block, else every top-level ``{...}`` in the prose) →
-``model_validate_json``; finite action sets also accept an action name standing alone.
+``model_validate_json``; finite action sets also accept an action name standing alone. Every
+object of a reply is checked, however many: a duplicate key in any of them, or valid objects
+that disagree, make the reply invalid.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 from abc import ABC, abstractmethod
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -23,7 +26,6 @@ from textgym.schemas import ActionNames, ActionSchema, schema_from_space
 
 __all__ = ["ActionParseError", "ActionParser", "FunctionParser", "JSONActionParser", "as_parser"]
 
-_MAX_CANDIDATES = 8
 # JSONActionParser attributes derived from (source, to_action, from_action, lenient).
 _BUILT_FROM_SOURCE = frozenset(
     {"schema", "model", "_to_action", "_from_action", "_names_pattern", "_instructions"}
@@ -95,8 +97,13 @@ class JSONActionParser(ActionParser):
     """Validates replies against a Pydantic model and converts them to env actions.
 
     Accepted replies, tried in order: a fenced ```json block or every top-level JSON object
-    in the prose (all objects must agree); a bare JSON value when the model has one field;
-    an action name standing alone in free text when the action set is named and finite.
+    in the prose; a bare JSON value when the model has one field; an action name standing
+    alone in free text when the action set is named and finite.
+
+    Every top-level object of the reply (of its fenced blocks, if it has any) is checked,
+    however many there are: objects that fail validation are skipped, but all valid ones must
+    describe the same action, and an object that repeats a key (at any depth) makes the whole
+    reply invalid, since JSON parsers disagree on which of the values counts.
 
     Example:
         >>> from gymnasium.spaces import Discrete
@@ -214,26 +221,40 @@ class JSONActionParser(ActionParser):
 
     def _validate(self, text: str) -> BaseModel:
         fenced = fenced_blocks(text)
-        candidates: list[str] = []
-        for source in fenced or [text]:
-            if "}" in source:  # most fences of a hostile reply hold no object: skip them fast
-                candidates += json_objects(source, _MAX_CANDIDATES - len(candidates))
-            if len(candidates) >= _MAX_CANDIDATES:
-                break
+        # Every object counts; identical ones are checked once (a reply may repeat one
+        # object 70,000 times). Most fences of a hostile reply hold no object: skip them fast.
+        candidates = Counter(
+            candidate
+            for source in fenced or [text]
+            if "}" in source
+            for candidate in json_objects(source)
+        )
         first_error: ActionParseError | None = None
-        valid: list[BaseModel] = []
-        for candidate in candidates:
-            try:
-                valid.append(self.model.model_validate_json(candidate))
-            except ValidationError as e:
-                first_error = first_error or _validation_error(e, text)
-        if valid:
-            if any(v != valid[0] for v in valid[1:]):
+        chosen: BaseModel | None = None
+        valid, agree = 0, True
+        for candidate, count in candidates.items():
+            duplicate = _duplicate_key(candidate)
+            if duplicate is not None:
                 raise ActionParseError(
-                    f"ambiguous reply: it holds {len(valid)} JSON objects with different actions",
+                    f"invalid action: duplicate key {_short(repr(duplicate))} in a JSON object",
                     text,
                 )
-            return valid[0]
+            try:
+                model = self.model.model_validate_json(candidate)
+            except ValidationError as e:
+                first_error = first_error or _validation_error(e, text)
+                continue
+            valid += count
+            if chosen is None:
+                chosen = model
+            elif model != chosen:
+                agree = False
+        if not agree:
+            raise ActionParseError(
+                f"ambiguous reply: it holds {valid} JSON objects with different actions", text
+            )
+        if chosen is not None:
+            return chosen
         if self.lenient and not candidates and self.schema.field is not None:
             bare = self._validate_bare(fenced[0] if fenced else text, text)
             if bare is not None:
@@ -416,6 +437,51 @@ def _validation_error(error: ValidationError, reply: str) -> ActionParseError:
         parts.append(f"{loc}: {item['msg']}" if loc else item["msg"])
     message = "invalid action: " + _short("; ".join(parts))
     return ActionParseError(message, reply, validation_error=error)
+
+
+class _DuplicateKeyError(Exception):
+    """Raised by :func:`_reject_duplicate_keys` to stop ``json.loads`` at a repeated key."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> None:
+    """``object_pairs_hook`` for ``json.loads``: raise at the first key seen twice."""
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise _DuplicateKeyError(key)
+        seen.add(key)
+
+
+def _duplicate_key(candidate: str) -> str | None:
+    """Return a key that some object of the JSON text ``candidate`` repeats, else None.
+
+    Pydantic keeps the last of repeated keys; other parsers keep the first. Text that is not
+    JSON (or nests too deep for ``json.loads``) has no duplicate here: validation rejects it.
+    Numbers are kept as text, so huge ones cost nothing and raise nothing.
+
+    Example:
+        >>> _duplicate_key('{"action": "stick", "x": {"a": 1, "a": 2}}')
+        'a'
+    """
+    if candidate.count(":") < 2:  # a repeated key needs two "key:" pairs: the common case
+        return None
+    try:
+        json.loads(
+            candidate,
+            object_pairs_hook=_reject_duplicate_keys,
+            parse_int=str,
+            parse_float=str,
+            strict=False,  # accept control characters in strings, as more lenient parsers do
+        )
+    except _DuplicateKeyError as e:
+        return e.key
+    except (ValueError, RecursionError):
+        return None
+    return None
 
 
 def _short(text: str) -> str:

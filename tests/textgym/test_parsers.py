@@ -121,6 +121,102 @@ def test_objects_that_disagree_are_ambiguous():
     )
 
 
+AMBIGUOUS = "ambiguous reply: it holds {} JSON objects with different actions"
+
+
+@pytest.mark.parametrize(
+    ("text", "valid"),
+    [
+        ('{"action": "stick"} ' * 9 + '{"action": "hit"}', 10),
+        ('{"action": "stick"} ' * 8 + '{"action": "hit"}', 9),  # the 9th object used to be unread
+        ('{"action": "stick"}\n' * 50 + '{"action": "hit"}' + '{"action": "stick"}' * 50, 101),
+        ('```json\n{"action": "stick"}\n```\n' * 8 + '```json\n{"action": "hit"}\n```', 9),
+        ('{"action": "jump"} ' * 20 + '{"action": "stick"} {"action": "hit"}', 2),
+    ],
+)
+def test_every_object_must_agree_however_many(text, valid):
+    assert str(parse_error(blackjack(), text)) == AMBIGUOUS.format(valid)
+
+
+def test_many_agreeing_objects_are_one_action():
+    forms = ['{"action": "hit"}', '{"action":"HIT"}', '{ "action" : "Hit" }', '{"action": "hiT"}']
+    assert blackjack().parse("\n".join(forms * 25)) == 1  # 100 objects, 4 spellings
+    rejected_first = '{"action": "jump"} ' * 8 + " and ".join(forms * 25)
+    assert blackjack().parse(rejected_first) == 1  # more than 8 objects before the valid ones
+
+
+DUPLICATE = "invalid action: duplicate key {!r} in a JSON object"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"action": "stick", "action": "hit"}',
+        '{"action": "hit", "action": "hit"}',  # even when the values agree
+        '```json\n{"action": "hit",\n "action": "stick"}\n```',
+        '{"action": "hit"} ' * 20 + '{"action": "hit", "action": "hit"}',
+        '{"action": "stick", "action": "jump"} {"action": "hit"}',  # first value would disagree
+        '{"action": "hit", "action": "hitt"} stick',  # no falling back on names either
+        '{"action": "stick", "\u0061ction": "hit"}',  # the same key, escaped
+    ],
+)
+def test_duplicate_keys_make_a_reply_invalid(text):
+    for parser in (blackjack(), blackjack(lenient=False)):
+        error = parse_error(parser, text)
+        assert str(error) == DUPLICATE.format("action")
+        assert error.validation_error is None
+
+
+class Trade(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    order: Order
+
+
+@pytest.mark.parametrize(
+    ("parser", "text", "key"),
+    [
+        (JSONActionParser(Trade), '{"order": {"item": "a", "count": 1, "count": 9}}', "count"),
+        (
+            JSONActionParser.from_space(
+                spaces.Tuple((spaces.Dict({"a": spaces.Discrete(2)}), spaces.Discrete(2)))
+            ),
+            '{"action": [{"a": 0, "a": 1}, 1]}',
+            "a",
+        ),
+        (blackjack(), '{"action": "hit", "note": {"x": [{"y": 1, "y": 2}]}}', "y"),
+    ],
+)
+def test_duplicate_keys_in_nested_objects_make_a_reply_invalid(parser, text, key):
+    assert str(parse_error(parser, text)) == DUPLICATE.format(key)
+
+
+def test_duplicate_check_reads_strings_huge_numbers_and_nan():
+    parser = JSONActionParser(Order)
+    assert parser.parse('{"item": "{\\"item\\": 1, \\"item\\": 2}", "count": 2}') == {
+        "item": '{"item": 1, "item": 2}',
+        "count": 2,
+    }
+    big = '{"item": "a", "count": ' + "9" * 5000 + ', "count": 1}'  # over int()'s digit limit
+    assert str(parse_error(parser, big)) == DUPLICATE.format("count")
+    nan = '{"item": "a", "count": NaN, "count": 1}'
+    assert str(parse_error(parser, nan)) == DUPLICATE.format("count")
+
+
+def test_checking_every_object_stays_linear():
+    """Distinct two-key objects (each parsed for duplicates), then the one that disagrees."""
+
+    def seconds(n: int) -> float:
+        text = "".join(f'{{"action": "hit", "n": {i}}} ' for i in range(n))
+        text += '{"action": "stick", "action": "stick"}'
+        start = time.process_time()
+        assert str(parse_error(blackjack(), text)) == DUPLICATE.format("action")
+        return time.process_time() - start
+
+    small, large = seconds(5_000), seconds(50_000)  # 50,000 objects: 1.3 MB
+    assert large < 30 * max(small, 1e-3), (small, large)
+    assert large < 2.0
+
+
 # --- Lenient: names in free text and bare values --------------------------------------------
 
 

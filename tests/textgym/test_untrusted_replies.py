@@ -337,6 +337,28 @@ def test_replies_over_the_limit_are_rejected_without_parsing():
     assert reward == -1.0  # the invalid-reply penalty: the env did not move
 
 
+@pytest.mark.parametrize(
+    ("reply", "error"),
+    [
+        (
+            '{"action": "stick"} ' * 8 + '{"action": "hit"}',
+            "ambiguous reply: it holds 9 JSON objects with different actions",
+        ),
+        (
+            '{"action": "stick", "action": "hit"}',
+            "invalid action: duplicate key 'action' in a JSON object",
+        ),
+    ],
+)
+def test_replies_that_hide_another_action_are_invalid_steps(reply, error):
+    env = gym.make("textgym/Blackjack-v1")
+    env.reset(seed=0)
+    _, reward, _, _, info = env.step(reply)
+    assert info["invalid"] and info["parse_error"] == error
+    assert reward == -1.0  # the invalid-reply penalty: the env did not move
+    env.close()
+
+
 def test_calculator_commands_over_the_action_space_are_parse_errors():
     parser = CalculatorParser()
     reply = "answer:" + "1" * (MAX_COMMAND_CHARS - 7)  # the canonical form adds a space
