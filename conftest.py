@@ -2,6 +2,7 @@
 
 import importlib.util
 import os
+import sys
 import tempfile
 
 import pytest
@@ -42,3 +43,34 @@ def tiny_dir(tmp_path_factory):
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return str(path)
+
+
+CODE_MARKER = "textgym_code_marker"
+
+
+@pytest.fixture
+def code_marker(tmp_path_factory, monkeypatch):
+    """An importable module ``textgym_code_marker`` that records being imported and called.
+
+    Returns the file it appends ``imported`` / ``called`` lines to: it exists only once the
+    module ran. ``planted(**kwargs)`` (an env entry point) and ``Planted(...)`` (a formatter,
+    parser or wrapper class) record a call, then raise.
+    """
+    where = tmp_path_factory.mktemp("marker")
+    calls = where / "calls.txt"
+    (where / f"{CODE_MARKER}.py").write_text(
+        "import pathlib\n"
+        f"CALLS = pathlib.Path({str(calls)!r})\n"
+        "with CALLS.open('a') as f:\n"
+        "    f.write('imported\\n')\n"
+        "def planted(*args, **kwargs):\n"
+        "    with CALLS.open('a') as f:\n"
+        "        f.write('called\\n')\n"
+        "    raise RuntimeError('the planted code ran')\n"
+        "class Planted:\n"
+        "    def __init__(self, *args, **kwargs):\n"
+        "        planted()\n"
+    )
+    monkeypatch.syspath_prepend(str(where))
+    monkeypatch.delitem(sys.modules, CODE_MARKER, raising=False)
+    return calls

@@ -17,6 +17,7 @@ from textgym.atomic import atomic_write_json
 from textgym.checker import find_text_wrapper
 from textgym.episodes import reply_choices
 from textgym.spaces import ChatMessages
+from textgym.trust import UntrustedCodeError, check_env_args
 from textgym.wrappers import TextEnvWrapper
 
 __all__ = [
@@ -26,11 +27,13 @@ __all__ = [
     "UsageError",
     "add_command",
     "add_env_arg",
+    "add_trust_arg",
     "count",
     "make_env",
     "one_line",
     "parse_env_args",
     "positive_int",
+    "recorded_env",
     "reply_choices",
     "text_wrapper",
     "write_run_info",
@@ -76,6 +79,50 @@ def add_env_arg(parser: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="env option (VALUE read as JSON, else text), e.g. -e is_slippery=false; repeatable",
     )
+
+
+def add_trust_arg(parser: argparse.ArgumentParser) -> None:
+    """Add ``--trust-run``: build what a run directory names even when it is not known code."""
+    parser.add_argument(
+        "--trust-run",
+        action="store_true",
+        help="build the env (entry point, formatter, parser) that a run directory, dataset or "
+        "saved policy names even when textgym does not know it; only for files you trust",
+    )
+
+
+def recorded_env(
+    info: Mapping[str, Any],
+    env_id: str | None,
+    env_args: Mapping[str, Any],
+    source: str,
+    trust: bool = False,
+) -> tuple[str, dict[str, Any]]:
+    """The env id and arguments to make: the command line's, completed by a ``cli.json``.
+
+    The id is ``env_id`` when given, else ``info["env"]``, else :data:`DEFAULT_ENV`; the
+    arguments are ``info["env_args"]`` when the id is the recorded one, updated by
+    ``env_args`` (``-e KEY=VALUE``, which win). What was read from ``info`` must name only
+    code textgym knows (:mod:`textgym.trust`) unless ``trust``.
+
+    Raises:
+        CLIError: The file names unknown code (the message says how to opt in).
+
+    Example:
+        >>> import textgym
+        >>> recorded_env({"env": "textgym/Blackjack-v1", "env_args": {"history": 2}}, None, {}, "x")
+        ('textgym/Blackjack-v1', {'history': 2})
+    """
+    chosen = env_id or info.get("env") or DEFAULT_ENV
+    from_file = chosen == info.get("env")
+    args = dict(info.get("env_args") or {}) if from_file else {}
+    if from_file and not trust:
+        try:
+            check_env_args(chosen, args, source)
+        except UntrustedCodeError as e:
+            raise CLIError(str(e)) from None
+    args.update(env_args)
+    return chosen, args
 
 
 def parse_env_args(items: Sequence[str] | None) -> dict[str, Any]:

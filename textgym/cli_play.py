@@ -16,9 +16,11 @@ from textgym.cli_common import (
     DEFAULT_ENV,
     CLIError,
     add_env_arg,
+    add_trust_arg,
     make_env,
     parse_env_args,
     positive_int,
+    recorded_env,
     reply_choices,
     text_wrapper,
 )
@@ -91,6 +93,7 @@ class PlayCommand:
         parser.add_argument("--sample", action="store_true", help="the policy samples (not greedy)")
         parser.add_argument("--delay", type=float, default=0.0, help="seconds between policy turns")
         add_env_arg(parser)
+        add_trust_arg(parser)
 
     def run(self, args: argparse.Namespace) -> int:
         """Play (see :func:`run_play`)."""
@@ -195,14 +198,14 @@ def _show(message: dict[str, str], note: str = "") -> None:
 def run_play(args: argparse.Namespace) -> int:
     """``textgym play``: a person (or ``--policy``) plays the text env in the terminal."""
     loader, info = find_policy_loader(args.policy) if args.policy else (None, {})
-    env_id = args.env or info.get("env") or DEFAULT_ENV
-    env_args = dict(info.get("env_args", {})) if env_id == info.get("env") else {}
-    env_args.update(parse_env_args(args.env_arg))
+    env_id, env_args = recorded_env(
+        info, args.env, parse_env_args(args.env_arg), f"{args.policy} (cli.json)", args.trust_run
+    )
     env = make_env(env_id, env_args)
     choices = reply_choices(env)
     policy = None
     if loader is not None:
-        policy, label = loader.load(args.policy, env)
+        policy, label = loader.load(args.policy, env, trust_code=args.trust_run)
         print(f"{label} plays {env_id}", flush=True)
     returns = []
     for episode in range(args.episodes):

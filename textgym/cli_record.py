@@ -19,10 +19,12 @@ from textgym.cli_common import (
     CLIError,
     UsageError,
     add_env_arg,
+    add_trust_arg,
     make_env,
     one_line,
     parse_env_args,
     positive_int,
+    recorded_env,
     text_wrapper,
     write_run_info,
 )
@@ -84,6 +86,7 @@ class RecordCommand:
         )
         parser.add_argument("--greedy", action="store_true", help="the policy replies greedily")
         add_env_arg(parser)
+        add_trust_arg(parser)
 
     def run(self, args: argparse.Namespace) -> int:
         """Record (see :func:`run_record`)."""
@@ -156,13 +159,13 @@ def run_record(args: argparse.Namespace) -> int:
     from textgym.recording import record_trajectories
 
     loader, info = find_policy_loader(args.policy) if args.policy else (None, {})
-    env_id = args.env or info.get("env") or DEFAULT_ENV
-    env_args = dict(info.get("env_args", {})) if env_id == info.get("env") else {}
-    env_args.update(parse_env_args(args.env_arg))
+    env_id, env_args = recorded_env(
+        info, args.env, parse_env_args(args.env_arg), f"{args.policy} (cli.json)", args.trust_run
+    )
     out = fresh_output(args.output)
     env = make_env(env_id, env_args)
     if loader is not None:
-        expert, label = loader.load(args.policy, env)
+        expert, label = loader.load(args.policy, env, trust_code=args.trust_run)
         num_envs = args.num_envs
     else:
         expert, label, num_envs = load_expert(args.expert, env, args.seed), args.expert, 1

@@ -31,8 +31,15 @@ from gymnasium.envs.registration import EnvSpec
 from gymnasium.vector import VectorEnv
 
 from textgym.checker import find_text_wrapper
+from textgym.trust import check_env_spec
 
-__all__ = ["env_record", "make_recorded_env", "prompt_difference", "system_prompt_of"]
+__all__ = [
+    "check_record",
+    "env_record",
+    "make_recorded_env",
+    "prompt_difference",
+    "system_prompt_of",
+]
 
 _CONTEXT = 60  # characters of each prompt shown around the first difference
 
@@ -88,16 +95,52 @@ def env_record(env: gym.Env[Any, Any] | VectorEnv) -> dict[str, Any]:
     return record
 
 
-def make_recorded_env(record: Mapping[str, Any], **kwargs: Any) -> gym.Env[Any, Any]:
+def _spec_in(record: Mapping[str, Any]) -> EnvSpec | None:
+    if not record.get("spec"):
+        return None
+    try:
+        return EnvSpec.from_json(record["spec"])
+    except (TypeError, ValueError, gym.error.Error) as e:
+        name = record.get("id")
+        raise ValueError(f"The recorded env {name!r} has an unreadable spec: {e}") from e
+
+
+def check_record(record: Mapping[str, Any], source: str) -> None:
+    """Refuse an env record that names code textgym does not know (see :mod:`textgym.trust`).
+
+    Nothing is built or imported. A record without a spec passes: nothing can be built from it.
+
+    Raises:
+        textgym.trust.UntrustedCodeError: The spec names an unregistered env id, another entry
+            point than the registered one, a wrapper or importable name from elsewhere.
+        ValueError: The spec is not a Gymnasium spec's JSON.
+    """
+    spec = _spec_in(record)
+    if spec is not None:
+        check_env_spec(spec, source)
+
+
+def make_recorded_env(
+    record: Mapping[str, Any], *, trust_code: bool = False, **kwargs: Any
+) -> gym.Env[Any, Any]:
     """``gym.make`` the env an :func:`env_record` describes (``kwargs`` override its own).
+
+    Args:
+        record: The env record (from a run's ``config.json`` or a policy's ``policy.json``).
+        trust_code: Build it even when it names code textgym does not know (a custom entry
+            point, formatter or parser): only for records whose author you trust.
+        **kwargs: Keyword arguments of ``gym.make`` that replace the recorded ones.
 
     Raises:
         ValueError: The record holds no spec (``spec_error`` says why it could not be kept).
+        textgym.trust.UntrustedCodeError: Without ``trust_code``, the record names unknown code.
     """
-    if not record.get("spec"):
+    spec = _spec_in(record)
+    if spec is None:
         reason = record.get("spec_error", "it holds no spec")
         raise ValueError(f"Cannot rebuild the recorded env {record.get('id')!r}: {reason}")
-    spec = EnvSpec.from_json(record["spec"])
+    if not trust_code:
+        check_env_spec(spec, f"The env record of {record.get('id')!r}")
     return gym.make(spec, **kwargs)
 
 

@@ -129,8 +129,13 @@ class PolicyLoader(Protocol):
         """What the target's run recorded, e.g. ``{"env": ID, "env_args": {...}}`` (or ``{}``)."""
         ...
 
-    def load(self, target: str, env: gym.Env[Any, Any]) -> tuple[Any, str]:
+    def load(
+        self, target: str, env: gym.Env[Any, Any], *, trust_code: bool = False
+    ) -> tuple[Any, str]:
         """``(policy, label)`` for ``env``; ``label`` names it in the command's output.
+
+        A saved policy that names code textgym does not know (:mod:`textgym.trust`) is refused
+        unless ``trust_code`` (``--trust-run``), with a :class:`~textgym.cli_common.CLIError`.
 
         The policy is a :class:`textgym.policy.Policy` (what ``play`` and
         :func:`~textgym.recording.record_trajectories` call): ``act_batch(batch, choices=...,

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
         EnvFault,
         NonFiniteUpdateError,
         PeerFailure,
+        RunFileError,
         RunLockedError,
         SIGTERMExit,
     )
@@ -41,6 +42,7 @@ _EXPORTS = {
     "PPOTrainer": "textgym_agents.ppo.trainer",
     "PeerFailure": "textgym_agents.exceptions",
     "RolloutBuffer": "textgym_agents.ppo.buffer",
+    "RunFileError": "textgym_agents.exceptions",
     "RunLockedError": "textgym_agents.exceptions",
     "SIGTERMExit": "textgym_agents.exceptions",
     "Turn": "textgym_agents.ppo.buffer",
@@ -62,6 +64,7 @@ __all__ = [
     "PPOTrainer",
     "PeerFailure",
     "RolloutBuffer",
+    "RunFileError",
     "RunLockedError",
     "SIGTERMExit",
     "Turn",

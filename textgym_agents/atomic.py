@@ -7,6 +7,7 @@ place (files via :mod:`textgym.atomic`); :mod:`textgym_agents.checkpoint` builds
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import secrets
 import shutil
@@ -23,15 +24,47 @@ from textgym.atomic import atomic_file as _atomic_file
 from textgym.atomic import atomic_write_bytes
 from textgym.atomic import atomic_write_json as _atomic_write_json
 from textgym.atomic import fsync_dir as _fsync_dir
+from textgym_agents.exceptions import RunFileError
 
 __all__ = [
     "atomic_directory",
     "atomic_write_bytes",
     "atomic_write_json",
     "load_tensors",
+    "open_run_file",
     "remove_path",
     "save_tensors",
 ]
+
+
+def open_run_file(path: str | os.PathLike[str], flags: int, mode: int = 0o644) -> int:
+    """``os.open`` a file of a run directory without following a symbolic link at ``path``.
+
+    Returns:
+        The file descriptor.
+
+    Raises:
+        RunFileError: ``path`` is a symbolic link (the message names it).
+
+    Example:
+        >>> import pathlib, tempfile
+        >>> d = pathlib.Path(tempfile.mkdtemp())
+        >>> (d / "train.lock").symlink_to(d / "elsewhere")
+        >>> open_run_file(d / "train.lock", os.O_RDWR | os.O_CREAT)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        textgym_agents.exceptions.RunFileError: [Errno 40] .../train.lock is a symbolic link; ...
+    """
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW, mode)
+    except OSError as e:
+        if e.errno != errno.ELOOP or not os.path.islink(path):
+            raise
+        raise RunFileError(
+            errno.ELOOP,
+            f"{path} is a symbolic link; a run file must be a regular file inside its run "
+            "directory (remove the link, or write the run to another directory)",
+        ) from None
 
 
 def _refuse(obj: Any) -> Any:

@@ -30,7 +30,7 @@ from textgym_agents.atomic import (
     save_tensors,
 )
 from textgym_agents.exceptions import CheckpointError
-from textgym_agents.integrity import file_listing, find_damage
+from textgym_agents.integrity import confined, file_listing, find_damage
 from textgym_agents.state_files import (
     optimizer_state_from_files,
     optimizer_state_to_files,
@@ -193,6 +193,9 @@ def _read_manifest(path: Path) -> tuple[dict[str, Any] | None, str | None]:
         isinstance(manifest.get(key), list) for key in ("tensors", "json")
     ):
         return None, f"{MANIFEST} does not list the checkpoint's tensors and JSON files"
+    for name in manifest["tensors"] + manifest["json"]:
+        if not isinstance(name, str) or "/" in name or confined(path, name) is None:
+            return None, f"{MANIFEST} names {name!r}, which is not a file inside {path}"
     return manifest, None
 
 

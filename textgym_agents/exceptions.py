@@ -13,6 +13,7 @@ __all__ = [
     "EnvFault",
     "NonFiniteUpdateError",
     "PeerFailure",
+    "RunFileError",
     "RunLockedError",
     "SIGTERMExit",
     "raise_signal",
@@ -137,6 +138,19 @@ class CheckpointWriteError(OSError):
         >>> error = CheckpointWriteError(errno.ENOSPC, "No space left on device")
         >>> error.errno == errno.ENOSPC, isinstance(error, OSError)
         (True, True)
+    """
+
+
+class RunFileError(OSError):
+    """A file of a run directory is a symbolic link, so writing it could change another file.
+
+    Run files (``train.lock``, ``metrics.jsonl``) are opened without following links: a link
+    planted in a shared run directory cannot make training overwrite or truncate its target.
+
+    Example:
+        >>> import errno
+        >>> RunFileError(errno.ELOOP, "runs/bj/train.lock is a symbolic link").errno == errno.ELOOP
+        True
     """
 
 

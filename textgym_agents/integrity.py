@@ -28,7 +28,7 @@ from typing import Any
 
 from textgym_agents.exceptions import CheckpointError
 
-__all__ = ["CheckpointError", "file_listing", "find_damage", "raise_if_damaged"]
+__all__ = ["CheckpointError", "confined", "file_listing", "find_damage", "raise_if_damaged"]
 
 _CHUNK = 1 << 20
 
@@ -39,6 +39,33 @@ def _sha256(path: Path) -> str:
         while chunk := f.read(_CHUNK):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def confined(root: Path, name: Any) -> Path | None:
+    """``root / name`` when ``name`` is a relative path that stays inside ``root``, else None.
+
+    A manifest is data: a name that is absolute, climbs out with ``..``, or reaches a symbolic
+    link pointing outside ``root`` would make a check read (and hash) a file elsewhere.
+
+    Example:
+        >>> import pathlib, tempfile
+        >>> root = pathlib.Path(tempfile.mkdtemp())
+        >>> confined(root, "adapter/adapter_config.json") == root / "adapter/adapter_config.json"
+        True
+        >>> confined(root, "../secret"), confined(root, "/etc/passwd")
+        (None, None)
+    """
+    if not isinstance(name, str) or not name or "\\" in name or "\0" in name:
+        return None
+    relative = Path(name)
+    if relative.is_absolute() or ".." in relative.parts:
+        return None
+    path = root / relative
+    try:
+        inside = path.resolve().is_relative_to(root.resolve())
+    except (OSError, RuntimeError):  # a link loop
+        return None
+    return path if inside else None
 
 
 def file_listing(directory: str | os.PathLike[str], exclude: Container[str] = ()) -> dict[str, Any]:
@@ -82,6 +109,9 @@ def find_damage(directory: str | os.PathLike[str], listing: Mapping[str, Any]) -
 def _find_damage(root: Path, listing: Mapping[str, Any]) -> str | None:
     if not isinstance(listing, Mapping):
         return f"its file listing is not an object: {type(listing).__name__}"
+    for name in listing:
+        if confined(root, name) is None:
+            return f"the listing names {name!r}, which is not a file inside {root}"
     for name, expected in sorted(listing.items()):
         path = root / name
         if not isinstance(expected, Mapping) or not {"bytes", "sha256"} <= set(expected):

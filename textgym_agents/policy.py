@@ -367,9 +367,23 @@ class PPOPolicy(PolicyScoring):
         *,
         device: str | torch.device | None = None,
         dtype: str | torch.dtype | None = None,
+        trust_code: bool = False,
     ) -> PPOPolicy:
-        """Load a policy written by :meth:`save` (or a checkpoint directory)."""
-        parts = load_policy_parts(path, device=device, dtype=dtype)
+        """Load a policy written by :meth:`save` (or a checkpoint directory).
+
+        Args:
+            path: The policy or checkpoint directory.
+            device: Device of the base model (default CUDA when present, else CPU).
+            dtype: Compute dtype of the base model; None: the one it was saved with.
+            trust_code: Accept a recorded training env that names code textgym does not know
+                (a custom entry point, formatter or parser, :mod:`textgym.trust`), as
+                ``trust_remote_code`` does for models: only for policies you trust.
+
+        Raises:
+            CheckpointError: A file of the policy is missing, truncated or changed.
+            textgym.trust.UntrustedCodeError: See ``trust_code``; nothing was loaded.
+        """
+        parts = load_policy_parts(path, device=device, dtype=dtype, trust_code=trust_code)
         policy = cls(
             parts.model,
             parts.tokenizer,

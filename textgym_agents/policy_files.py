@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 from torch import nn
 
+from textgym.env_records import check_record
 from textgym_agents.adapters import ValueHead, hidden_size_of, load_adapter
 from textgym_agents.atomic import atomic_directory, atomic_write_json, load_tensors, save_tensors
 from textgym_agents.checkpoint import MANIFEST, checkpoint_damage
@@ -125,6 +126,7 @@ def load_policy_parts(
     *,
     device: str | torch.device | None = None,
     dtype: str | torch.dtype | None = None,
+    trust_code: bool = False,
 ) -> PolicyParts:
     """Read a directory written by :func:`save_policy` (or a checkpoint directory).
 
@@ -132,6 +134,8 @@ def load_policy_parts(
         path: The policy or checkpoint directory.
         device: Device of the base model (default CUDA when present, else CPU).
         dtype: Compute dtype of the base model; None: the one it was saved with.
+        trust_code: Accept a recorded training env that names code textgym does not know
+            (:mod:`textgym.trust`); only for policies whose author you trust.
 
     Returns:
         The base model with the adapter, its tokenizer, the value head (fp32), the config and
@@ -141,6 +145,8 @@ def load_policy_parts(
         FileNotFoundError: When ``path`` holds no ``policy.json``.
         CheckpointError: When a file of the policy is missing, truncated, changed or unreadable
             (the message names it).
+        textgym.trust.UntrustedCodeError: Without ``trust_code``, the recorded training env
+            names an unregistered env id, entry point, wrapper, formatter or parser.
     """
     path = Path(path)
     if not (path / POLICY_FILE).is_file():
@@ -152,6 +158,9 @@ def load_policy_parts(
         info = json.loads((path / POLICY_FILE).read_text())
     except ValueError as e:
         raise CheckpointError(f"The policy {path} is damaged: {POLICY_FILE}: {e}") from e
+    trained_env = info.get("env") if isinstance(info.get("env"), dict) else None
+    if trained_env is not None and not trust_code:  # checked before anything is loaded
+        check_record(trained_env, f"The policy {path} ({POLICY_FILE})")
     base = info.get("base", {})
     model, tokenizer = load_model(
         base.get("name_or_path"),
@@ -169,5 +178,4 @@ def load_policy_parts(
     # Where rollouts ran is a property of the machine, not of the policy: a loaded policy
     # generates with HF until told otherwise (a saved "vllm" would start a server to evaluate).
     config = PPOConfig.from_dict({**info.get("config", {}), "rollout_engine": "hf"})
-    trained_env = info.get("env") if isinstance(info.get("env"), dict) else None
     return PolicyParts(peft_model, tokenizer, value_head, config, base, trained_env)

@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from textgym_agents.atomic import open_run_file
 from textgym_agents.exceptions import RunLockedError
 
 __all__ = ["LOCK_FILE", "RunLock", "RunLockedError"]
@@ -74,7 +75,7 @@ class RunLock:
             _HELD[key] = (fd, depth + 1)
             return
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = open_run_file(self.path, os.O_RDWR | os.O_CREAT)  # never through a link
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

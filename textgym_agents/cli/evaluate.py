@@ -20,19 +20,23 @@ from textgym.cli_common import (
     CLIError,
     UsageError,
     add_env_arg,
+    add_trust_arg,
     make_env,
     one_line,
     parse_env_args,
     positive_int,
+    recorded_env,
 )
 from textgym.env_records import make_recorded_env
 from textgym.plugins import FunctionCommand
+from textgym.trust import UntrustedCodeError
 from textgym_agents.cli.common import from_pretrained, import_agents
 from textgym_agents.cli.runs import read_run_info, read_trained_env, resolve_policy
 from textgym_agents.ppo.defaults import DEFAULT_NUM_ENVS, env_defaults, reply_hints
 
 __all__ = [
     "EVAL_SEED",
+    "check_policy_files",
     "eval_command",
     "evaluate_policy",
     "format_gap",
@@ -97,6 +101,7 @@ def configure_eval(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     add_env_arg(parser)
+    add_trust_arg(parser)
 
 
 def configure_plot(parser: argparse.ArgumentParser) -> None:
@@ -130,13 +135,17 @@ def configure_plot(parser: argparse.ArgumentParser) -> None:
 
 
 def load_policy(
-    target: str, env: gym.Env[Any, Any] | None, decoding: str | None = None
+    target: str,
+    env: gym.Env[Any, Any] | None,
+    decoding: str | None = None,
+    trust_code: bool = False,
 ) -> tuple[Any, str]:
     """Load what ``target`` names (see :func:`resolve_policy`) as a policy for ``env``.
 
     A fresh model gets the decoding :func:`~textgym_agents.ppo.defaults.env_defaults` picks
     for the env's valid replies or reply schema; ``decoding`` overrides the decoding of any
-    policy.
+    policy. A saved policy whose recorded env names unknown code is refused unless
+    ``trust_code`` (:mod:`textgym.trust`).
     """
     kind, where, label = resolve_policy(target)
     agents = import_agents()
@@ -150,7 +159,9 @@ def load_policy(
         config = agents.PPOConfig(progress=False, **overrides)
         return from_pretrained(agents, where, config), label
     try:
-        policy = agents.PPOPolicy.load(where)
+        policy = agents.PPOPolicy.load(where, trust_code=trust_code)
+    except UntrustedCodeError as e:
+        raise CLIError(str(e)) from None
     except (OSError, ValueError, agents.CheckpointError) as e:
         raise CLIError(f"could not load the policy in {where}: {one_line(e)}") from e
     if decoding:
@@ -246,29 +257,46 @@ def format_table(rows: list[tuple[str, str, Mapping[str, Any]]]) -> str:
     )
 
 
+def check_policy_files(target: str) -> None:
+    """Refuse a damaged saved policy before anything is built from its run's files.
+
+    Raises:
+        CLIError: A file of the policy ``target`` names is missing, truncated or changed.
+    """
+    kind, where, _ = resolve_policy(target)
+    if kind != "policy":
+        return
+    from textgym_agents.policy_files import policy_damage
+
+    problem = policy_damage(where)  # type: ignore[arg-type]
+    if problem is not None:
+        raise CLIError(f"could not load the policy in {where}: it is damaged: {problem}")
+
+
 def eval_env(
-    target: str, env_id: str | None, env_args: Mapping[str, Any]
+    target: str, env_id: str | None, env_args: Mapping[str, Any], trust: bool = False
 ) -> tuple[str, gym.Env[Any, Any]]:
     """The env to evaluate ``target`` on: ``env_id``, else the one it was trained on.
 
     The training env is rebuilt from the run's env record (its spec, custom system prompt
     included), else from ``cli.json``'s id and ``-e`` arguments; with neither, the default env.
-    ``env_args`` (``-e KEY=VALUE``) override the rebuilt env's arguments.
+    ``env_args`` (``-e KEY=VALUE``) override the rebuilt env's arguments. What the files name
+    must be code textgym knows unless ``trust`` (:mod:`textgym.trust`).
     """
     if env_id is None and Path(target).exists():
         record = read_trained_env(target)
         if record is not None and record.get("spec"):
             try:
-                env = make_recorded_env(record, **env_args)
+                env = make_recorded_env(record, trust_code=trust, **env_args)
+            except UntrustedCodeError as e:
+                raise CLIError(f"{target}: {e}") from None
             except Exception as e:  # a record from another version, a missing extra
                 message = f"warning: could not rebuild the training env: {one_line(e)}"
                 print(message, file=sys.stderr)
             else:
                 return str(record.get("id")), env
     info = read_run_info(target) if Path(target).exists() else {}
-    env_id = env_id or info.get("env") or DEFAULT_ENV
-    args = dict(info.get("env_args", {})) if env_id == info.get("env") else {}
-    args.update(env_args)
+    env_id, args = recorded_env(info, env_id, env_args, f"{target} (cli.json)", trust)
     return env_id, make_env(env_id, args)
 
 
@@ -279,8 +307,9 @@ def run_eval(args: argparse.Namespace) -> int:
     agents = import_agents()
     rows = []
     for target in args.targets:
-        env_id, env = eval_env(target, args.env, parse_env_args(args.env_arg))
-        policy, label = load_policy(target, env, args.decoding)
+        check_policy_files(target)  # before anything is built from the run's files
+        env_id, env = eval_env(target, args.env, parse_env_args(args.env_arg), args.trust_run)
+        policy, label = load_policy(target, env, args.decoding, args.trust_run)
         if not args.json:
             print(f"Evaluating {label} on {args.episodes} episodes of {env_id}...", flush=True)
         result = evaluate_policy(

@@ -33,11 +33,13 @@ class PPOPolicyLoader:
         resolve_policy(target)
         return read_run_info(target) if Path(target).exists() else {}
 
-    def load(self, target: str, env: gym.Env[Any, Any]) -> tuple[Any, str]:
+    def load(
+        self, target: str, env: gym.Env[Any, Any], *, trust_code: bool = False
+    ) -> tuple[Any, str]:
         """``(policy, label)`` for ``env`` (torch is imported here)."""
         from textgym_agents.cli.evaluate import load_policy
 
-        return load_policy(target, env)
+        return load_policy(target, env, trust_code=trust_code)
 
 
 loader = PPOPolicyLoader()

@@ -27,7 +27,13 @@ __all__ = [
 
 
 def read_run_info(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The ``cli.json`` of the run that ``path`` (a run, policy or checkpoint dir) belongs to."""
+    """The ``cli.json`` of the run that ``path`` (a run, policy or checkpoint dir) belongs to.
+
+    ``{}`` when there is none.
+
+    Raises:
+        CLIError: The file exists but is not a JSON object (it names the file).
+    """
     path = Path(path)
     candidates = [path]
     if path.name == "final":
@@ -39,9 +45,11 @@ def read_run_info(path: str | os.PathLike[str]) -> dict[str, Any]:
         if file.is_file():
             try:
                 info = json.loads(file.read_text())
-            except ValueError:
-                return {}
-            return info if isinstance(info, dict) else {}
+            except (OSError, ValueError) as e:
+                raise CLIError(f"{file} is unreadable ({e}); fix or remove it") from None
+            if not isinstance(info, dict):
+                raise CLIError(f"{file} is not a JSON object; fix or remove it")
+            return info
     return {}
 
 

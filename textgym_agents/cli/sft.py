@@ -11,17 +11,24 @@ from pathlib import Path
 from textgym.cli_common import (
     CLIError,
     add_env_arg,
+    add_trust_arg,
     count,
     make_env,
     one_line,
     parse_env_args,
     positive_int,
+    recorded_env,
     write_run_info,
 )
 from textgym.cli_record import fresh_output, positive_float
 from textgym.plugins import FunctionCommand
 from textgym_agents.cli.common import import_agents
-from textgym_agents.cli.evaluate import evaluate_policy, format_table, load_policy
+from textgym_agents.cli.evaluate import (
+    check_policy_files,
+    evaluate_policy,
+    format_table,
+    load_policy,
+)
 from textgym_agents.cli.runs import read_run_info
 
 __all__ = ["command", "configure", "run_sft"]
@@ -65,6 +72,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_env_arg(parser)
+    add_trust_arg(parser)
 
 
 def run_sft(args: argparse.Namespace) -> int:
@@ -73,12 +81,16 @@ def run_sft(args: argparse.Namespace) -> int:
         raise CLIError(f"no such dataset directory: {args.dataset}")
     out = fresh_output(args.output)
     info = read_run_info(args.dataset)
-    env_id = args.env or info.get("env")
-    env_args = dict(info.get("env_args", {})) if env_id == info.get("env") else {}
-    env_args.update(parse_env_args(args.env_arg))
+    env_id, env_args = None, parse_env_args(args.env_arg)
+    if args.env or info.get("env"):
+        source = f"{args.dataset} (cli.json)"
+        env_id, env_args = recorded_env(info, args.env, env_args, source, args.trust_run)
+    if args.policy:
+        check_policy_files(args.policy)  # before anything is built from its run's files
     env = make_env(env_id, env_args) if env_id else None
     agents = import_agents()
-    policy, label = load_policy(args.policy or args.model or "embedded", env)
+    target = args.policy or args.model or "embedded"
+    policy, label = load_policy(target, env, trust_code=args.trust_run)
     results = []
     if env is not None and args.eval_episodes:
         print(f"Evaluating {label} on {args.eval_episodes} episodes...", flush=True)

@@ -21,6 +21,7 @@ from textgym.cli_common import (
     CLIError,
     UsageError,
     add_env_arg,
+    add_trust_arg,
     count,
     make_env,
     one_line,
@@ -29,6 +30,7 @@ from textgym.cli_common import (
     write_run_info,
 )
 from textgym.plugins import FunctionCommand
+from textgym.trust import UntrustedCodeError, check_env_args
 from textgym_agents.cli.common import from_pretrained, import_agents
 from textgym_agents.cli.config import add_config_flags, flag_values, read_config_file
 from textgym_agents.cli.evaluate import EVAL_SEED, evaluate_policy, format_gap, format_table
@@ -87,10 +89,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--dtype",
-        default="auto",
         choices=["auto", "float32", "bfloat16"],
         help="compute dtype of the base model; auto: bf16 where this machine runs it fast "
-        "(measured once), else float32",
+        "(measured once), else float32 (default: auto; on --resume, the run's own)",
     )
     parser.add_argument(
         "--model", help="model directory, .gguf file or cached HF id (default: embedded)"
@@ -134,6 +135,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="learning rate of the warm start (default: 2e-4; --learning-rate is PPO's)",
     )
     add_env_arg(parser)
+    add_trust_arg(parser)
     from textgym_agents.ppo.config import PPOConfig  # no torch: --help stays quick
 
     add_config_flags(parser, PPOConfig)
@@ -165,6 +167,7 @@ class _Plan:
     env_id: str
     env_args: dict[str, Any]
     model: str | None
+    dtype: str
     episodes: int
     num_envs: int
     eval_episodes: int
@@ -177,17 +180,57 @@ class _Plan:
 _FIXED_ON_RESUME = ("learning_rate", "value_learning_rate", "weight_decay")
 
 
+def _saved_run(run_dir: Path) -> dict[str, Any]:
+    """The resumed run's ``config.json``: an unreadable one is an error, never defaults."""
+    file = run_dir / "config.json"
+    try:
+        saved = json.loads(file.read_text())
+    except FileNotFoundError:
+        raise CLIError(f"--resume: {file} is missing; the run's settings are unknown") from None
+    except (OSError, ValueError) as e:
+        raise CLIError(f"--resume: {file} is unreadable ({one_line(e)}); fix or restore it") from e
+    if not isinstance(saved, dict) or not isinstance(saved.get("ppo", {}), dict):
+        raise CLIError(f"--resume: {file} is not a run's config (no 'ppo' settings object)")
+    return saved
+
+
+def _dtype(flag: str | None, saved: str | None) -> str:
+    """The run's precision: ``--dtype``, else the resumed run's own, else ``auto``."""
+    if flag is None:
+        return saved or "auto"
+    if saved is not None and flag != saved:
+        print(
+            f"warning: --dtype {flag} overrides the resumed run's {saved}: its weights will "
+            "differ from an uninterrupted run's",
+            file=sys.stderr,
+        )
+    return flag
+
+
+def _trusted_args(info: Mapping[str, Any], env_id: str, source: str, trust: bool) -> dict[str, Any]:
+    """The env arguments a ``cli.json`` holds for ``env_id``, refused if they name unknown code."""
+    if env_id != info.get("env"):
+        return {}
+    args = dict(info.get("env_args") or {})
+    if not trust:
+        try:
+            check_env_args(env_id, args, source)
+        except UntrustedCodeError as e:
+            raise CLIError(str(e)) from None
+    return args
+
+
 def _plan(args: argparse.Namespace, config_cls: Any) -> _Plan:
     saved_info: dict[str, Any] = {}
     saved_ppo: dict[str, Any] = {}
-    saved_model = run_dir = checkpoint = None
+    saved_model = saved_dtype = run_dir = checkpoint = None
     if args.resume:
         run_dir, checkpoint = resume_point(args.resume)
         saved_info = read_run_info(run_dir)
-        with contextlib.suppress(OSError, ValueError, AttributeError):
-            saved = json.loads((run_dir / "config.json").read_text())
-            saved_ppo = dict(saved.get("ppo", {}))
-            saved_model = (saved.get("base") or {}).get("name_or_path")
+        saved = _saved_run(run_dir)
+        saved_ppo = dict(saved.get("ppo", {}))
+        saved_model = (saved.get("base") or {}).get("name_or_path")
+        saved_dtype = (saved.get("base") or {}).get("dtype")
     file_ppo, file_train = read_config_file(args.config, config_cls) if args.config else ({}, {})
     flags = flag_values(args)
     for key in _FIXED_ON_RESUME:
@@ -203,10 +246,8 @@ def _plan(args: argparse.Namespace, config_cls: Any) -> _Plan:
     data_info = read_run_info(args.sft_data) if args.sft_data else {}
     env_id = pick("env", data_info.get("env") or DEFAULT_TRAIN_ENV)
     per_env = run_defaults(env_id)
-    env_args = {}
-    for info in (data_info, saved_info):
-        if env_id == info.get("env"):
-            env_args.update(info.get("env_args", {}))
+    env_args = _trusted_args(data_info, env_id, f"{args.sft_data} (cli.json)", args.trust_run)
+    env_args.update(_trusted_args(saved_info, env_id, f"{run_dir} (cli.json)", args.trust_run))
     env_args.update(file_train.get("env_args", {}))
     env_args.update(parse_env_args(args.env_arg))
     probe = make_env(env_id, env_args)  # fails early on an unknown env; lists its replies
@@ -237,6 +278,7 @@ def _plan(args: argparse.Namespace, config_cls: Any) -> _Plan:
         env_id=env_id,
         env_args=env_args,
         model=_model_arg(pick("model", saved_model)),
+        dtype=_dtype(args.dtype, saved_dtype),
         episodes=pick("episodes", per_env["episodes"]),
         num_envs=pick("num_envs", per_env["num_envs"]),
         eval_episodes=pick("eval_episodes", per_env["eval_episodes"]),
@@ -287,7 +329,7 @@ def _train(args: argparse.Namespace, agents: Any, process: Any) -> int:
                 process.barrier()  # every process checked plan.out before the main one writes
             with _locked(plan.out, process):  # held before the first evaluation
                 return _train_locked(args, agents, process, plan)
-    except agents.RunLockedError as e:
+    except (agents.RunLockedError, agents.RunFileError) as e:
         raise CLIError(str(e)) from None
     except agents.CheckpointWriteError as e:
         print(f"error: {e.strerror}", file=sys.stderr)
@@ -315,7 +357,7 @@ def _train_locked(args: argparse.Namespace, agents: Any, process: Any, plan: _Pl
     changed = {k: v for k, v in plan.config.to_dict().items() if v != defaults.get(k)}
     print("Settings: " + ", ".join(f"{k}={v!r}" for k, v in changed.items()), flush=True)
 
-    policy = from_pretrained(agents, plan.model, plan.config, dtype=args.dtype)
+    policy = from_pretrained(agents, plan.model, plan.config, dtype=plan.dtype)
     precision = policy.base_info.get("precision") or {}
     print(f"Precision: {precision.get('dtype')} ({precision.get('reason')})", flush=True)
     info = {key: getattr(plan, key) for key in ("env_id", "env_args", "model", "episodes")}

@@ -8,8 +8,10 @@ choice of the newest intact checkpoint, and a write failure turned into one clea
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -124,6 +126,7 @@ def restore_checkpoint(trainer: PPOTrainer, process: Distributed, path: str | Pa
     """
     policy = trainer.policy
     checkpoint = find_checkpoint(path)  # verified: every listed file against its hash
+    _warn_if_precision_differs(checkpoint, policy.base_info)
     tensors, files = load_checkpoint(checkpoint, verified=True)
     adapter = load_peft_weights(str(checkpoint / "adapter"), device=str(policy.device))
     set_peft_model_state_dict(policy.model, adapter)
@@ -169,6 +172,28 @@ def restore_checkpoint(trainer: PPOTrainer, process: Distributed, path: str | Pa
     logger.info("Resumed from %s at update %d", checkpoint, trainer.update_step)
 
 
+def _warn_if_precision_differs(checkpoint: Path, base_info: dict[str, Any]) -> None:
+    """Warn when the policy resuming a checkpoint computes in another dtype than it was saved in.
+
+    The resumed run then cannot match the uninterrupted one; ``textgym train --resume`` avoids
+    it by loading the base model in the run's own dtype.
+    """
+    try:
+        saved = json.loads((checkpoint / "policy.json").read_text()).get("base", {}).get("dtype")
+    except (OSError, ValueError, AttributeError):
+        return
+    now = base_info.get("dtype")
+    if saved and now and saved != now:
+        logger.warning(
+            "%s was trained in %s but the policy resuming it computes in %s: the resumed run "
+            "will not match the uninterrupted one (load the base model with dtype=%r)",
+            checkpoint,
+            saved,
+            now,
+            saved,
+        )
+
+
 def _saved_callbacks(trainer: PPOTrainer) -> list[tuple[str, Any]]:
     """The trainer's callbacks that keep state in checkpoints, by file name.
 
@@ -183,16 +208,55 @@ def _saved_callbacks(trainer: PPOTrainer) -> list[tuple[str, Any]]:
     return found
 
 
-def write_or_stop(run_dir: Path, path: Path, write: Callable[[], Any]) -> Any:
-    """``write()`` of ``path``; an ``OSError`` (a full disk) becomes one CheckpointWriteError.
+# How libraries that do not raise OSError (safetensors' SafetensorError) report a failed write.
+_ERRNO_IN_TEXT = re.compile(r"(?:os error|code:)\s*(\d+)")
+_NO_SPACE_TEXT = os.strerror(errno.ENOSPC)  # "No space left on device"
 
-    The atomic writers have already discarded the partial ``path``; the message says so and
-    names the newest checkpoint left, and is logged once.
+
+def write_errno(error: BaseException) -> int | None:
+    """The ``errno`` of a failed write, from any library: None when it was no OS error.
+
+    Looks through the exception's chain (``__cause__``, ``__context__``) for an ``OSError``
+    with an errno, else for the error number in the message of a library that wraps its own
+    I/O errors (safetensors' ``SafetensorError`` prints Rust's ``Os { code: 28, ... }``).
+
+    Example:
+        >>> write_errno(RuntimeError('IoError(Os { code: 28, kind: StorageFull, ... })'))
+        28
+        >>> write_errno(ValueError("bad value")) is None
+        True
+    """
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno:
+            return int(current.errno)
+        text = str(current)
+        if (match := _ERRNO_IN_TEXT.search(text)) is not None:
+            return int(match.group(1))
+        if _NO_SPACE_TEXT in text:
+            return errno.ENOSPC
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def write_or_stop(run_dir: Path, path: Path, write: Callable[[], Any]) -> Any:
+    """``write()`` of ``path``; an OS error (a full disk) becomes one CheckpointWriteError.
+
+    Whatever library raised it: an ``OSError``, or an error whose chain or message carries an
+    errno (:func:`write_errno`). The atomic writers have already discarded the partial
+    ``path``; the message says so and names the newest checkpoint left, and is logged once.
     """
     try:
         return write()
-    except OSError as e:
-        reason = os.strerror(e.errno) if e.errno else str(e)
+    except Exception as e:
+        code = write_errno(e)
+        if code is None and isinstance(e, OSError):
+            code = errno.EIO
+        if code is None:
+            raise
+        reason = os.strerror(code)
         kept = [p.name for p in list_checkpoints(run_dir)]
         left = f"the newest complete checkpoint is {kept[-1]}" if kept else "no checkpoint exists"
         message = (
@@ -200,4 +264,4 @@ def write_or_stop(run_dir: Path, path: Path, write: Callable[[], Any]) -> Any:
             f"free space (or fix the directory) and resume from {run_dir}"
         )
         logger.error(message)
-        raise CheckpointWriteError(e.errno or errno.EIO, message) from e
+        raise CheckpointWriteError(code, message) from e

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from textgym_agents.atomic import atomic_write_bytes
+from textgym_agents.atomic import atomic_write_bytes, open_run_file
 
 __all__ = ["METRICS_FILE", "REPORT_TO", "MetricsLogger", "read_metrics"]
 
@@ -120,8 +120,7 @@ class MetricsLogger:
         self._wandb: Any = None
         self._closed = False
         if "jsonl" in report_to:
-            self._drop_partial_line()
-            self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+            self._file = self._open_for_append()
         if "tensorboard" in report_to:
             self._tb = self._open_tensorboard()
             if self._tb is not None and self.config:
@@ -150,14 +149,21 @@ class MetricsLogger:
             return None
         return SummaryWriter(str(self.run_dir / "tensorboard"), purge_step=purge_step)
 
-    def _drop_partial_line(self) -> None:
-        if not self.path.exists():
-            return
-        data = self.path.read_bytes()
-        if data and not data.endswith(b"\n"):
-            keep = data.rfind(b"\n") + 1
-            logger.warning("%s: dropping a truncated last line left by a killed run", self.path)
-            os.truncate(self.path, keep)
+    def _open_for_append(self) -> io.TextIOWrapper:
+        """Open ``metrics.jsonl`` to append, never through a link, after a torn last line.
+
+        A writer killed mid-line leaves a partial last line: it is dropped before appending.
+        """
+        fd = open_run_file(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND)
+        try:
+            data = b"".join(iter(lambda: os.read(fd, 1 << 20), b""))
+            if data and not data.endswith(b"\n"):
+                logger.warning("%s: dropping a truncated last line left by a killed run", self.path)
+                os.ftruncate(fd, data.rfind(b"\n") + 1)
+            return open(fd, "a", encoding="utf-8", closefd=True)  # noqa: SIM115 - closed in close()
+        except BaseException:
+            os.close(fd)
+            raise
 
     def log(self, metrics: Mapping[str, Any], step: int) -> None:
         """Record ``metrics`` (numbers, numpy/torch scalars) at ``step``; NaN/inf become null."""
@@ -198,7 +204,7 @@ class MetricsLogger:
             kept = [line + b"\n" for record, line in parsed if record["step"] <= step]
             dropped = len(parsed) - len(kept)
             atomic_write_bytes(self.path, b"".join(kept))
-            self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
+            self._file = self._open_for_append()
         if self._tb is not None:
             self._tb.close()
             self._tb = self._open_tensorboard(purge_step=step + 1)

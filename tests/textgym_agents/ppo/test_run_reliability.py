@@ -227,13 +227,16 @@ def test_a_metrics_line_torn_by_kill_9_is_skipped_by_plot_and_repaired_by_resume
 def disk_full_at_step(monkeypatch):
     """Make the safetensors writer fail with ENOSPC half-way through checkpoint ``step``."""
     real = safetensors.torch.save_file
-    state = {"step": None, "failures": 0}
+    state = {"step": None, "failures": 0, "library": False}
 
     def save_file(tensors, filename, metadata=None):
         if f"step_{state['step']:08d}" in str(filename):
             with open(filename, "wb") as f:
                 f.write(b"\0" * 100)  # what fitted on the disk
             state["failures"] += 1
+            if state["library"]:  # what safetensors itself raises: not an OSError
+                text = "Error while serializing: I/O error: No space left on device (os error 28)"
+                raise safetensors.SafetensorError(text)
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(filename))
         return real(tensors, filename, metadata=metadata)
 
@@ -266,11 +269,13 @@ def test_a_full_disk_keeps_the_previous_checkpoint_and_stops_cleanly(
     assert resumed.update_step == 3
 
 
-def test_the_cli_exits_74_on_a_full_disk(tiny_dir, tmp_path, capsys, disk_full_at_step):
-    disk_full_at_step["step"] = 1
+@pytest.mark.parametrize("library", [False, True], ids=["oserror", "safetensors-error"])
+def test_the_cli_exits_74_on_a_full_disk(tiny_dir, tmp_path, capsys, disk_full_at_step, library):
+    disk_full_at_step.update(step=1, library=library)
     args = ["train", "textgym/Blackjack-v1", "--model", tiny_dir, "--episodes", "8"]
     args += ["--eval-episodes", "0", "--num-envs", "2", "--num-steps", "2", "--no-progress"]
     assert main([*args, "--save-every", "1", "--output", str(tmp_path / "run")]) == 74
     err = capsys.readouterr().err
     assert "error: Could not write" in err and "No space left on device" in err
     assert json.loads((tmp_path / "run" / "cli.json").read_text())["episodes"] == 8
+    assert disk_full_at_step["failures"] == 1  # one save attempt, none after the failure
