@@ -34,7 +34,7 @@ def check_options(
     on_invalid: str, history: int, invalid_penalty: float, max_invalid: int, max_reply_chars: int
 ) -> None:
     """Refuse wrapper options out of range, naming the option, the value and the rule."""
-    if on_invalid not in (*INVALID_MODES, "penalise"):
+    if on_invalid not in INVALID_MODES:
         raise ValueError(f"Expected on_invalid to be one of {INVALID_MODES}, got {on_invalid!r}")
     if not (isinstance(history, int) and history >= 0):
         raise ValueError(f"Expected history to be an int >= 0, got {history!r}")

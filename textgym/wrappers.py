@@ -163,7 +163,7 @@ class TextEnvWrapper(gym.Wrapper[Messages, str, ObsType, ActType], gym.utils.Rec
         self.masking = ActionMasking(env.action_space, self.parser) if action_mask else None
 
         self.history = history
-        self.on_invalid = "penalize" if on_invalid == "penalise" else on_invalid
+        self.on_invalid = on_invalid
         self.invalid_penalty = float(invalid_penalty)
         self.max_invalid = max_invalid
         self.max_reply_chars = max_reply_chars

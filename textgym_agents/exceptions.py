@@ -37,10 +37,6 @@ class SIGTERMExit(SystemExit):
         super().__init__(128 + signal.SIGTERM)
 
 
-#: Deprecated name of :class:`SIGTERMExit` (in an RL library ``terminated`` is an episode flag).
-Terminated = SIGTERMExit
-
-
 def raise_signal(signum: int) -> None:
     """Raise what a stop signal means: :class:`SIGTERMExit` for SIGTERM, else KeyboardInterrupt.
 

@@ -335,3 +335,12 @@ def test_infos_batch_when_valid_and_invalid_replies_mix(mode):
     assert infos["_parse_error"].tolist() == [False, True, False]
     assert infos["parse_error"][1].startswith("no JSON object found")
     envs.close()
+
+
+def test_on_invalid_accepts_only_the_documented_modes():
+    from textgym.wrapper_options import INVALID_MODES
+
+    for mode in INVALID_MODES:
+        TextEnvWrapper(gym.make("Blackjack-v1"), action_names=["stick", "hit"], on_invalid=mode)
+    with pytest.raises(ValueError, match="on_invalid"):  # the British spelling is no alias
+        TextEnvWrapper(gym.make("Blackjack-v1"), on_invalid="penalise")
