@@ -10,7 +10,7 @@ stick, and basic strategy (hit/stand table for these rules).
 With choice decoding it also prints the exact expected return of the greedy policy before and
 after (``blackjack_exact.py``: no sampling noise; basic strategy, the optimum, is -0.043).
 
-Target (issue 3): after <= 3,000 training hands, greedy mean return >= -0.15.
+Target: after <= 3,000 training hands, greedy mean return >= -0.15.
 The run directory (metrics, checkpoints, learning curve) is written to --out.
 """
 

@@ -85,7 +85,7 @@ def train_cell(
     """Train to ``episodes`` (resuming from ``run_dir``'s last checkpoint), scoring on ``curve``.
 
     Returns:
-        The last metrics, the seconds of training over the whole run (every session's updates,
+        The last metrics, the seconds of training over the whole run (the updates of every start,
         summed from the ``time/*`` columns of its ``metrics.jsonl``: the curve's evaluations
         left out) and the episodes the run has played.
     """

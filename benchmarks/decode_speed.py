@@ -15,7 +15,7 @@ Arms, on the same prompt, greedy, the same number of new tokens:
     python benchmarks/decode_speed.py [--tokens 32] [--batches 1 16] [--rounds 3] [--model M]
         [--dtype auto|float32|bfloat16]
 
-Target (issue 17, item 6): the policy at batch 1 >= 50% of the bound. Rounds alternate the
+Target: the policy at batch 1 >= 50% of the bound. Rounds alternate the
 arms, so machine noise falls on both.
 """
 

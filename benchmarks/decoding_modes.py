@@ -7,7 +7,7 @@ each mode.
 
     python benchmarks/decoding_modes.py [--episodes 50] [--train-hands 500] [--eval-hands 500]
 
-Targets (decoding-modes issue): 0% invalid replies with ``choices`` and ``constrained``, and
+Targets: 0% invalid replies with ``choices`` and ``constrained``, and
 ``choices`` faster per turn than ``free``.
 """
 

@@ -15,7 +15,7 @@ env with every estimator's curve.
 Every cell keeps its run directory (checkpoints) and its curve under ``--out``: run the same
 command again after an interruption and finished cells are read back, an unfinished one
 resumes from its last checkpoint. Pin it to one core for comparable timings
-(``taskset -c 1 env OMP_NUM_THREADS=1 ...``). Results: docs/benchmarks.md.
+(``taskset -c 1 env OMP_NUM_THREADS=1 ...``). Results: docs/results.md.
 """
 
 from __future__ import annotations

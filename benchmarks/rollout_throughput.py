@@ -8,11 +8,11 @@ noise.
     python benchmarks/rollout_throughput.py --engine vllm [--vllm-url URL] [--lora-scale 0.02]
         [--decoding free|constrained]
 
-Default: one batched HF call vs one call per prompt; target (issue 3): batched >= 8x.
+Default: one batched HF call vs one call per prompt; target: batched >= 8x.
 ``--engine vllm``: one batched HF call vs one batched request to a vLLM server (started from
 ``.venv-vllm`` / ``$TEXTGYM_VLLM_PYTHON`` unless ``--vllm-url`` is given), both with the
 policy's LoRA adapter (its B weights set to noise of ``--lora-scale``, so it changes replies;
-0 keeps the freshly initialised adapter, equal to the base model). No target (issue 24): the
+0 keeps the freshly initialised adapter, equal to the base model). No target: the
 ratio is what this machine gives; the same script is what a GPU run uses.
 """
 

@@ -5,7 +5,8 @@ through the text env, ``sft_warm_start`` with its settings, choice decoding) und
 precisions, each on a fresh copy of the embedded model:
 
 - ``float32``: the base model in fp32 (the machine without fast bf16),
-- ``bf16, LoRA fp32``: a bf16 base, the adapter's products in fp32 (SFT before session 9),
+- ``bf16, LoRA fp32``: a bf16 base, the adapter's products in fp32 (as TRL's SFT runs it without
+  mixed precision),
 - ``bf16, mixed``: a bf16 base under ``PPOConfig.mixed_precision`` (the default on a machine
   with fast bf16): the LoRA products in bf16 too, fp32 master weights.
 

