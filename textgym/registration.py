@@ -129,6 +129,17 @@ def _register_builtin() -> None:
         id=f"{NAMESPACE}/Calculator-v0",
         entry_point="textgym.envs.calculator:make_calculator_text_env",
     )
+    # Native grid worlds of RAGEN's: 100 turns, like FrozenLake's (RAGEN stops at 10 actions).
+    gym.register(
+        id=f"{NAMESPACE}/Sokoban-v0",
+        entry_point="textgym.envs.sokoban:make_sokoban_text_env",
+        max_episode_steps=100,
+    )
+    gym.register(
+        id=f"{NAMESPACE}/FrozenLakeRandom-v0",
+        entry_point="textgym.envs.frozen_lake_random:make_frozen_lake_random_text_env",
+        max_episode_steps=100,
+    )
     for name in BABYAI_LEVELS:  # listed without minigrid; making one names the extra to install
         gym.register(
             id=f"{NAMESPACE}/{name}",

@@ -1,4 +1,4 @@
-"""Golden prompts: the exact text the model sees, for Blackjack and FrozenLake.
+"""Golden prompts: the exact text the model sees, for Blackjack, FrozenLake and Sokoban.
 
 Regenerate after an intended change with: UPDATE_GOLDEN=1 pytest tests/textgym/test_golden.py
 """
@@ -42,6 +42,19 @@ CASES = {
         {"is_slippery": False},
     ),
     "frozenlake8x8.txt": ("textgym/FrozenLake-v1", ["right"], 0, {"map_name": "8x8"}),
+    "frozenlake_random.txt": (
+        "textgym/FrozenLakeRandom-v0",
+        ['{"action": "down"}', "right", "Right, then right again", "right"],
+        0,
+        {},
+    ),
+    "sokoban.txt": (
+        "textgym/Sokoban-v0",
+        ['{"action": "right"}', "left", '```json\n{"action": "jump"}\n```', "left", "up"]
+        + ["left", "down"],
+        0,
+        {},
+    ),
 }
 
 

@@ -23,7 +23,8 @@ def test_registered_ids():
     babyai = [f"textgym/BabyAI-{name}-v0" for name in ("GoToRedBall", "GoToLocal", "OpenDoor")]
     babyai += ["textgym/BabyAI-PickupLocal-v0", "textgym/BabyAI-PutNextLocal-v0"]
     games = ["textgym/TicTacToe-v0", "textgym/ConnectFour-v0"]
-    assert registered_ids() == sorted([*CLASSIC_IDS, "textgym/Calculator-v0", *babyai, *games])
+    native = ["textgym/Calculator-v0", "textgym/FrozenLakeRandom-v0", "textgym/Sokoban-v0"]
+    assert registered_ids() == sorted([*CLASSIC_IDS, *native, *babyai, *games])
 
 
 @pytest.mark.parametrize("env_id", CLASSIC_IDS)
