@@ -205,7 +205,9 @@ def run_play(args: argparse.Namespace) -> int:
     choices = reply_choices(env)
     policy = None
     if loader is not None:
-        policy, label = loader.load(args.policy, env, trust_code=args.trust_run)
+        # trust_code only when asked for: loaders written before the keyword still work
+        trust = {"trust_code": True} if args.trust_run else {}
+        policy, label = loader.load(args.policy, env, **trust)
         print(f"{label} plays {env_id}", flush=True)
     returns = []
     for episode in range(args.episodes):

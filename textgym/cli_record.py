@@ -165,7 +165,9 @@ def run_record(args: argparse.Namespace) -> int:
     out = fresh_output(args.output)
     env = make_env(env_id, env_args)
     if loader is not None:
-        expert, label = loader.load(args.policy, env, trust_code=args.trust_run)
+        # trust_code only when asked for: loaders written before the keyword still work
+        trust = {"trust_code": True} if args.trust_run else {}
+        expert, label = loader.load(args.policy, env, **trust)
         num_envs = args.num_envs
     else:
         expert, label, num_envs = load_expert(args.expert, env, args.seed), args.expert, 1

@@ -136,6 +136,8 @@ class PolicyLoader(Protocol):
 
         A saved policy that names code textgym does not know (:mod:`textgym.trust`) is refused
         unless ``trust_code`` (``--trust-run``), with a :class:`~textgym.cli_common.CLIError`.
+        ``play`` and ``record`` pass ``trust_code`` only when it is true, so a loader without
+        the keyword keeps working for files that need no opt-in.
 
         The policy is a :class:`textgym.policy.Policy` (what ``play`` and
         :func:`~textgym.recording.record_trajectories` call): ``act_batch(batch, choices=...,

@@ -96,7 +96,7 @@ def assert_resumable(tiny_dir, run, envs):
     """The latest checkpoint loads as a policy and resumes a trainer at its step."""
     checkpoint = latest_checkpoint(run)
     state = json.loads((checkpoint / "trainer_state.json").read_text())
-    PPOPolicy.load(checkpoint)
+    PPOPolicy.load(checkpoint, trust_code=True)  # its env record names this test's wrapper
     resumed = make_trainer(tiny_dir, None, envs)
     TrainingRun(resumed).resume(run)
     assert resumed.update_step == state["update_step"]
