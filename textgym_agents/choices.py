@@ -9,12 +9,21 @@ that normalised probability, and the update recomputes it the same way.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
-__all__ = ["ChoiceScores", "check_choice_set", "choice_token_ids", "score_choices"]
+__all__ = [
+    "ChoiceScores",
+    "PromptScorer",
+    "check_choice_set",
+    "choice_token_ids",
+    "score_choices",
+]
 
 # (prompts, each prompt's choices, values) -> (summed log-prob of each choice (N,), its token
 # count (N,), value of each prompt (B,) or None); N counts the choices of all prompts in order.
@@ -22,6 +31,21 @@ GroupScorer = Callable[
     [Sequence[list[int]], Sequence[Sequence[list[int]]], bool],
     tuple[torch.Tensor, torch.Tensor, torch.Tensor | None],
 ]
+
+
+class PromptScorer(Protocol):
+    """Scores one prompt's choices piece by piece on top of a single run of the prompt."""
+
+    def run_prompt(self, prompt: list[int], values: bool) -> tuple[Any, torch.Tensor | None]:
+        """Run ``prompt`` once: ``(state for score_piece, its value (1,) or None)``."""
+
+    def score_piece(
+        self, state: Any, choices: Sequence[list[int]]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Summed log-prob (n,) and token count (n,) of ``choices`` after the prompt.
+
+        Must leave ``state`` as it found it: a checkpointed piece runs again in backward.
+        """
 
 
 def choice_token_ids(
@@ -112,13 +136,22 @@ def score_choices(
     length_norm: bool = False,
     temperature: float = 1.0,
     batch_size: int = 64,
+    prompt_scorer: PromptScorer | None = None,
 ) -> ChoiceScores:
-    """Distribution over each prompt's choices, scoring about ``batch_size`` choices per call.
+    """Distribution over each prompt's choices, scoring at most ``batch_size`` choices per call.
 
     Prompts are grouped in order so that a group holds at most ``batch_size`` choices; the
     scorer runs each prompt of a group once and its choices on top of it. A prompt with more
-    choices is split into pieces (it then runs once per piece), so memory stays bounded with
-    hundreds of choices. Gradients flow when called outside ``torch.no_grad()``.
+    choices runs once through ``prompt_scorer`` and its choices go on top of it in pieces of
+    ``batch_size`` (without a ``prompt_scorer`` it is split into pieces that each run the
+    prompt again). With gradients, when a prompt has more than ``batch_size`` choices, each
+    scorer call is checkpointed (:func:`torch.utils.checkpoint.checkpoint`): its activations
+    are recomputed in the backward pass, so one call's exist at a time. Memory then holds the
+    prompts' passes and one call's (``batch_size`` choices) however many choices there are,
+    in the rollout and in the update, whose loss takes the softmax over every choice.
+    Checkpointing recomputes the same operations, so the values are those without it; sets
+    of at most ``batch_size`` choices per prompt are scored as they always were. Gradients
+    flow when called outside ``torch.no_grad()``.
 
     Args:
         scorer: Summed token log-probs of each prompt's choices (and prompt values).
@@ -130,16 +163,70 @@ def score_choices(
             flattens (> 1) or sharpens (< 1) the distribution over valid replies; the most
             likely choice stays the same. The scorer's token log-probs are untempered.
         batch_size: Choices per scorer call.
+        prompt_scorer: Runs one prompt once and scores its choices piece by piece, for
+            prompts with more than ``batch_size`` choices.
     """
     if temperature <= 0:
         raise ValueError(f"Expected temperature > 0, got {temperature}")
     if len(prompts) != len(choices):
         raise ValueError(f"Got {len(prompts)} prompts but {len(choices)} choice lists")
-    # (prompt, first choice, end) pieces, at most batch_size choices per group; a prompt with
-    # more choices than that is split, and runs once per piece.
+    large = [b for b, c in enumerate(choices) if prompt_scorer is not None and len(c) > batch_size]
+    groups = _groups(choices, batch_size, skip=set(large))
+    calls = len(groups) + sum(math.ceil(len(choices[b]) / batch_size) for b in large)
+    # Checkpointed only where memory would grow with the number of choices: a set of small
+    # ones is bounded by the caller's batch, and its update then runs each call once.
+    split = any(len(options) > batch_size for options in choices)
+    run = _Runner(torch.is_grad_enabled() and split and calls > 1)
+    totals: list[list[torch.Tensor]] = [[] for _ in prompts]  # each prompt's scores, in order
+    prompt_values: list[torch.Tensor | None] = [None] * len(prompts)
+    for group in groups:
+        total, count, value = run(
+            scorer,
+            [prompts[b] for b, _, _ in group],
+            [choices[b][start:end] for b, start, end in group],
+            values,
+        )
+        sizes = [end - start for _, start, end in group]
+        scores = total / count if length_norm else total
+        for (b, _, _), part in zip(group, scores.split(sizes), strict=True):
+            totals[b].append(part)
+        if value is not None:  # a split prompt's value comes from its first piece
+            for (b, start, _), v in zip(group, value, strict=True):
+                if start == 0:
+                    prompt_values[b] = v
+    for b in large:
+        state, value = prompt_scorer.run_prompt(prompts[b], values)  # type: ignore[union-attr]
+        for start in range(0, len(choices[b]), batch_size):
+            piece = choices[b][start : start + batch_size]
+            total, count = run(prompt_scorer.score_piece, state, piece)  # type: ignore[union-attr]
+            totals[b].append(total / count if length_norm else total)
+        prompt_values[b] = None if value is None else value[0]
+    sizes = [len(options) for options in choices]
+    flat = torch.cat([part for parts in totals for part in parts])
+    scores = flat / temperature if temperature != 1.0 else flat
+    logps = [row.log_softmax(dim=0) for row in scores.split(sizes)]
+    return ChoiceScores(logps, torch.stack(prompt_values) if values else None)  # type: ignore[arg-type]
+
+
+def _groups(
+    choices: Sequence[Sequence[list[int]]], batch_size: int, skip: set[int]
+) -> list[list[tuple[int, int, int]]]:
+    """``(prompt, first choice, end)`` pieces, at most ``batch_size`` choices per group.
+
+    Prompts in ``skip`` are left out; a prompt with more choices than ``batch_size`` is split,
+    and runs once per piece.
+
+    Example:
+        >>> _groups([[[1]] * 3, [[2]] * 2, [[3]]], 4, skip={2})
+        [[(0, 0, 3)], [(1, 0, 2)]]
+        >>> _groups([[[1]] * 5], 2, skip=set())
+        [[(0, 0, 2)], [(0, 2, 4)], [(0, 4, 5)]]
+    """
     groups: list[list[tuple[int, int, int]]] = [[]]
     size = 0
     for b, options in enumerate(choices):
+        if b in skip:
+            continue
         for start in range(0, len(options), batch_size):
             end = min(start + batch_size, len(options))
             if size + end - start > batch_size:
@@ -147,21 +234,23 @@ def score_choices(
                 size = 0
             groups[-1].append((b, start, end))
             size += end - start
-    totals, prompt_values = [], []
-    for group in groups:
-        total, count, value = scorer(
-            [prompts[b] for b, _, _ in group],
-            [choices[b][start:end] for b, start, end in group],
-            values,
-        )
-        totals.append(total / count if length_norm else total)
-        if value is not None:  # a split prompt's value comes from its first piece
-            firsts = [i for i, (_, start, _) in enumerate(group) if start == 0]
-            prompt_values.append(value[firsts])
-    sizes = [len(options) for options in choices]
-    scores = torch.cat(totals) / temperature if temperature != 1.0 else torch.cat(totals)
-    logps = [row.log_softmax(dim=0) for row in scores.split(sizes)]
-    return ChoiceScores(logps, torch.cat(prompt_values) if values else None)
+    return [group for group in groups if group]
+
+
+class _Runner:
+    """Calls a scorer as it is, or checkpointed (activations recomputed in the backward pass).
+
+    The recomputation runs under the autocast state of the forward pass (``checkpoint``
+    restores it), so a mixed-precision forward is recomputed in the same precision.
+    """
+
+    def __init__(self, checkpointed: bool) -> None:
+        self.checkpointed = checkpointed
+
+    def __call__(self, function: Callable[..., Any], *args: Any) -> Any:
+        if not self.checkpointed:
+            return function(*args)
+        return checkpoint(function, *args, use_reentrant=False)
 
 
 Part = tuple[list[int], torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]

@@ -10,8 +10,9 @@ renormalised over the tokens the grammar allowed. :class:`PolicyScoring` is the 
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -22,7 +23,7 @@ from textgym_agents.choices import ChoiceScores, merge_rows, score_choices
 from textgym_agents.constrained import allowed_tokens, mask_logits
 from textgym_agents.ppo.core import entropy, logprobs_from_logits
 from textgym_agents.precision import in_compute_dtype
-from textgym_agents.shared_prefix import continue_tree, decoder_hidden_states, run_rows
+from textgym_agents.shared_prefix import RowsPass, continue_tree, decoder_hidden_states, run_rows
 
 __all__ = ["HEAD_CHUNK_POSITIONS", "PolicyScoring", "Scores"]
 
@@ -112,8 +113,10 @@ class PolicyScoring:
     ) -> ChoiceScores:
         """Distribution over each prompt's choices (token ids, see ``choice_ids``).
 
-        Each prompt runs once and its choices on top of its key/value cache, about
-        ``config.choice_batch_size`` choices per forward pass.
+        Each prompt runs once and its choices on top of its key/value cache, at most
+        ``config.choice_batch_size`` choices per forward pass; a prompt with more choices
+        has them scored in pieces that are checkpointed under gradients, so memory does not
+        grow with the number of choices (see :func:`~textgym_agents.choices.score_choices`).
         """
         return score_choices(
             self._choice_scorer,
@@ -123,16 +126,36 @@ class PolicyScoring:
             length_norm=self.config.choice_length_norm,
             temperature=self.config.temperature,
             batch_size=self.config.choice_batch_size,
+            prompt_scorer=_OnePromptScorer(self),
         )
 
     def _choice_scorer(
         self, prompts: Sequence[list[int]], choices: Sequence[Sequence[list[int]]], values: bool
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        lm = self._causal_lm()
-        decoder, pad = getattr(lm, lm.base_model_prefix), self.tokenizer.pad_token_id
+        first, last_hidden = self._choice_prompts(prompts)
+        total, count = self._choice_totals(first, last_hidden, [len(p) for p in prompts], choices)
+        value = self.value_head(last_hidden).float() if values else None
+        return total, count, value
+
+    def _choice_prompts(self, prompts: Sequence[list[int]]) -> tuple[RowsPass, torch.Tensor]:
+        """Run the prompts (their shared prefix once): the pass and each one's last hidden state."""
+        decoder, pad = self._decoder(), self.tokenizer.pad_token_id
         first = run_rows(decoder, prompts, pad=pad, max_shared=min(len(p) for p in prompts) - 1)
         last = torch.tensor([len(p) - 1 - first.offset for p in prompts], device=self.device)
-        last_hidden = first.hidden[torch.arange(len(prompts), device=self.device), last]
+        return first, first.hidden[torch.arange(len(prompts), device=self.device), last]
+
+    def _choice_totals(
+        self,
+        first: RowsPass,
+        last_hidden: torch.Tensor,
+        lengths: Sequence[int],
+        choices: Sequence[Sequence[list[int]]],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Summed log-prob and token count of each choice on top of its prompt's pass.
+
+        ``first.cache`` is consumed (extended by the choices).
+        """
+        decoder, pad = self._decoder(), self.tokenizer.pad_token_id
         index = [b for b, options in enumerate(choices) for _ in options]
         flat = [list(c) for options in choices for c in options]
         width = max(len(c) for c in flat)
@@ -140,7 +163,6 @@ class PolicyScoring:
         # tokens (all but its last, each prompt's choices packed in one row) predict the rest.
         predict = last_hidden[index][:, None]
         if width > 1:
-            lengths = [len(p) for p in prompts]
             rest, starts = continue_tree(
                 decoder, first, lengths, [[c[:-1] for c in options] for options in choices], pad=pad
             )
@@ -161,8 +183,7 @@ class PolicyScoring:
         # Untempered: the temperature applies to the distribution over choices (score_choices).
         logps = logprobs_from_logits(logits, labels.to(self.device))
         mask = mask.to(self.device)
-        value = self.value_head(last_hidden).float() if values else None
-        return (logps * mask).sum(dim=1), mask.sum(dim=1), value
+        return (logps * mask).sum(dim=1), mask.sum(dim=1)
 
     def _score_tokens(
         self,
@@ -257,17 +278,59 @@ class PolicyScoring:
     def _lm_head(self) -> nn.Module:
         return self._causal_lm().get_output_embeddings()
 
+    def _decoder(self) -> nn.Module:
+        lm = self._causal_lm()
+        return getattr(lm, lm.base_model_prefix)
+
     def _hidden_states(
         self, sequences: Sequence[list[int]], *, max_shared: int
     ) -> tuple[torch.Tensor, int]:
         # The decoder alone: logits are computed for reply positions only, not the whole
         # sequence, which saves a (B, L, vocab) tensor per forward.
-        lm = self._causal_lm()
-        decoder = getattr(lm, lm.base_model_prefix)
         pad = self.tokenizer.pad_token_id
-        return decoder_hidden_states(decoder, sequences, pad=pad, max_shared=max_shared)
+        return decoder_hidden_states(self._decoder(), sequences, pad=pad, max_shared=max_shared)
 
     def trainable_parameters(self) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
         """(LoRA parameters, value-head parameters)."""
         lora = [p for p in self.model.parameters() if p.requires_grad]
         return lora, list(self.value_head.parameters())
+
+
+class _OnePromptScorer:
+    """A :class:`~textgym_agents.choices.PromptScorer`: one prompt, its choices in pieces.
+
+    The prompt runs once; each piece continues a copy of its key/value cache (the copy
+    shares the prompt's key/value tensors, and a piece only appends to the copy), so a piece
+    can run again in the backward pass.
+    """
+
+    def __init__(self, scoring: PolicyScoring) -> None:
+        self.scoring = scoring
+
+    def run_prompt(
+        self, prompt: list[int], values: bool
+    ) -> tuple[tuple[RowsPass, torch.Tensor], torch.Tensor | None]:
+        """The prompt's pass and last hidden state (1, H); its value (1,) when asked."""
+        first, last_hidden = self.scoring._choice_prompts([prompt])
+        value = self.scoring.value_head(last_hidden).float() if values else None
+        return (first, last_hidden), value
+
+    def score_piece(
+        self, state: tuple[RowsPass, torch.Tensor], choices: Sequence[list[int]]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Summed log-prob and token count of each of ``choices`` after the prompt."""
+        first, last_hidden = state
+        own = replace(first, cache=_fork_cache(first.cache))
+        length = first.attention_mask.shape[1]  # one row: no padding
+        return self.scoring._choice_totals(own, last_hidden, [length], [choices])
+
+
+def _fork_cache(cache: Any) -> Any:
+    """A copy of a ``DynamicCache`` whose layers can be extended without changing ``cache``.
+
+    Its layers replace their key/value tensors when extended (``torch.cat``), so copying
+    the layer objects is enough: the tensors themselves are shared, not copied.
+    """
+    fork = copy.copy(cache)
+    fork.layers = [copy.copy(layer) for layer in cache.layers]
+    return fork

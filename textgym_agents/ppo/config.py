@@ -71,7 +71,10 @@ class PPOConfig:
         False, "Choices: rank replies by mean token log-prob instead of the sum (TWOSOME)."
     )
     choice_batch_size: int = _help(
-        64, "Choices: (prompt, reply) sequences per forward pass when scoring choices."
+        64,
+        "Choices: replies scored per forward pass. A prompt with more valid replies runs once "
+        "and its replies are scored in pieces of this many (checkpointed in the update), so "
+        "memory follows this number, not the number of replies.",
     )
     # --- speed (each switch restores the earlier, slower behaviour for comparison) ----------
     reuse_rollout_scores: bool = _help(
@@ -123,6 +126,15 @@ class PPOConfig:
     # --- rollout ----------------------------------------------------------------------------
     num_steps: int = _help(
         8, "Env steps per env per update; a batch is num_envs * num_steps turns."
+    )
+    max_episode_turns: int = _help(
+        1000,
+        "Longest episode training plays: an episode still running after this many turns is "
+        "cut there, recorded as truncated (its last turn's value bootstrapped, as after a "
+        "TimeLimit), so an env whose episodes never end cannot stall training. Applied to a "
+        "single env and to every env of a SyncVectorEnv (not an AsyncVectorEnv's: a warning "
+        "says so); an env's own shorter limit ends its episodes first. The default is above "
+        "the built-in envs' time limits (100 to 500 turns).",
     )
     gamma: float = _help(1.0, "Discount between turns (GAE, and REINFORCE's returns-to-go).")
     lam: float = _help(0.95, "GAE lambda.")
@@ -206,7 +218,7 @@ class PPOConfig:
 
     def __post_init__(self) -> None:
         positive_ints = ["max_new_tokens", "num_steps", "num_epochs", "minibatch_size"]
-        positive_ints += ["group_size"]
+        positive_ints += ["group_size", "max_episode_turns"]
         positive_ints += ["micro_batch_size", "kl_horizon", "keep_checkpoints", "choice_batch_size"]
         for name in positive_ints:
             value = getattr(self, name)

@@ -36,9 +36,9 @@ DEFAULT_NUM_ENVS = 16
 """Envs played in parallel by training and evaluation."""
 DEFAULT_TRAIN_ENV = "textgym/Calculator-v0"
 """What ``textgym train`` trains on unless told: the env the embedded model learns fastest
-(0% -> ~80% of held-out questions solved in minutes; docs/benchmarks.md, "The first run")."""
+(0% -> ~80% of held-out questions solved in minutes; docs/results.md, "The first run")."""
 # Per env id: episodes, envs and evaluation episodes of a run that shows learning on a laptop
-# CPU (measured: docs/benchmarks.md); other envs get the DEFAULT_* numbers above.
+# CPU (measured: docs/results.md); other envs get the DEFAULT_* numbers above.
 RUN_DEFAULTS: dict[str, dict[str, int]] = {
     "textgym/Calculator-v0": {"episodes": 16, "num_envs": 8, "eval_episodes": 32},
 }
@@ -55,7 +55,7 @@ QUICK_DEFAULTS: dict[str, Any] = {
 }
 # With choice decoding: explore. Zero-shot the embedded model puts ~95% on one Blackjack reply,
 # and at temperature 1 without an entropy bonus PPO collapses onto it within a few updates
-# (docs/design.md, "Open problem"); these keep the choice entropy up.
+# (docs/results.md, "Blackjack at the default settings"); these keep the choice entropy up.
 CHOICE_DEFAULTS: dict[str, Any] = {"temperature": 2.0, "ent_coef": 0.3, "learning_rate": 1e-4}
 # Free-text replies to an env whose replies are flat JSON objects (the calculator's tool call or
 # answer): the model continues '{"' and stops at the object's end, which a 135M model then

@@ -4,24 +4,40 @@ Steps the envs through :mod:`textgym.vector_steps`, as evaluation and recording 
 (Gymnasium's autoreset modes: ``NEXT_STEP``, the step after an episode ends only resets that
 env, so nothing is generated for it; ``SAME_STEP``, the final observation is in
 ``info["final_obs"]``), and keeps the finished episodes as :class:`textgym.episodes.Episode`.
+:func:`cap_episode_turns` gives every env of a training run a turn limit, so that an env whose
+episodes never end still lets training finish.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 from collections import deque
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import torch
-from gymnasium.vector import VectorEnv
+from gymnasium.vector import SyncVectorEnv, VectorEnv
 
 from textgym.episodes import Episode, reply_choices, reply_schemas
 from textgym.vector_steps import EpisodeTally, autoreset_mode, game_fields, step_envs
 from textgym_agents.ppo.buffer import RolloutBuffer, Turn
 
-__all__ = ["RolloutCollector", "as_vector_env", "reply_choices", "reply_schemas"]
+__all__ = [
+    "TURN_CAP_INFO",
+    "EpisodeTurnCap",
+    "RolloutCollector",
+    "as_vector_env",
+    "cap_episode_turns",
+    "reply_choices",
+    "reply_schemas",
+]
+
+logger = logging.getLogger(__name__)
+
+TURN_CAP_INFO = "episode_turn_cap"
+"""Info key of the step at which :class:`EpisodeTurnCap` cut an episode (its value: the cap)."""
 
 
 def as_vector_env(env: gym.Env[Any, Any] | VectorEnv) -> VectorEnv:
@@ -31,6 +47,78 @@ def as_vector_env(env: gym.Env[Any, Any] | VectorEnv) -> VectorEnv:
     if isinstance(env, gym.Env):
         return gym.vector.SyncVectorEnv([lambda: env])
     raise TypeError(f"Expected a gymnasium Env or VectorEnv, got {type(env).__name__}")
+
+
+class EpisodeTurnCap(gym.Wrapper[Any, Any, Any, Any]):
+    """Truncate an episode that is still running after ``max_turns`` steps.
+
+    Gymnasium's ``TimeLimit``, as a safety net that training adds: the step that reaches the
+    cap returns ``truncated=True`` (unless the env ended the episode there itself) and
+    ``info[TURN_CAP_INFO] = max_turns``; an env's own, shorter limit ends episodes first. The
+    env's ``spec`` is passed through unchanged, so the env a run records (and a policy
+    remembers) is the env as given.
+
+    Example:
+        >>> import textgym
+        >>> env = EpisodeTurnCap(gym.make("textgym/Blackjack-v1"), max_turns=1)
+        >>> _ = env.reset(seed=0)
+        >>> *_, truncated, info = env.step("not an action")  # invalid: the hand goes on
+        >>> truncated, info[TURN_CAP_INFO]
+        (True, 1)
+    """
+
+    def __init__(self, env: gym.Env[Any, Any], max_turns: int) -> None:
+        """Wrap ``env``; ``max_turns`` is an int >= 1."""
+        if not (isinstance(max_turns, int) and not isinstance(max_turns, bool) and max_turns >= 1):
+            raise ValueError(f"Expected max_turns to be an int >= 1, got {max_turns!r}")
+        super().__init__(env)
+        self.max_turns = max_turns
+        self.turns = 0  # steps of the current episode
+
+    @property
+    def spec(self) -> Any:
+        """The wrapped env's spec (the cap is a training setting, not part of the env)."""
+        return self.env.spec
+
+    def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+        """Reset the env and the turn count."""
+        self.turns = 0
+        return self.env.reset(**kwargs)  # type: ignore[no-any-return]
+
+    def step(self, action: Any) -> tuple[Any, Any, bool, bool, dict[str, Any]]:
+        """Step the env; truncate the episode if this step reaches the cap."""
+        observation, reward, terminated, truncated, info = self.env.step(action)
+        self.turns += 1
+        if self.turns >= self.max_turns and not (terminated or truncated):
+            truncated = True
+            info = {**info, TURN_CAP_INFO: self.max_turns}
+        return observation, reward, terminated, truncated, info
+
+
+def cap_episode_turns(envs: VectorEnv, max_turns: int) -> bool:
+    """Give every env of ``envs`` an :class:`EpisodeTurnCap` of ``max_turns``; True if done.
+
+    The sub-envs of the :class:`~gymnasium.vector.SyncVectorEnv` under ``envs`` (a single env
+    made into one by :func:`as_vector_env`, or ``gym.make_vec``'s default) are wrapped in
+    place; a sub-env already capped gets the new cap. An ``AsyncVectorEnv``'s envs live in
+    worker processes and cannot be wrapped: a warning says so and False is returned.
+    """
+    base = envs.unwrapped
+    if not isinstance(base, SyncVectorEnv):
+        logger.warning(
+            "max_episode_turns=%d cannot be applied to the envs of a %s (only a single env or "
+            "a SyncVectorEnv); give each env a time limit (gym.make(..., max_episode_steps=N)) "
+            "if its episodes may never end",
+            max_turns,
+            type(base).__name__,
+        )
+        return False
+    for i, env in enumerate(base.envs):
+        if isinstance(env, EpisodeTurnCap):
+            env.max_turns = max_turns
+        else:
+            base.envs[i] = EpisodeTurnCap(env, max_turns)
+    return True
 
 
 class RolloutCollector:
@@ -47,6 +135,7 @@ class RolloutCollector:
         self.tally = EpisodeTally(n, missing_success_fails=True)  # each env's current episode
         # Bounded so a long run's memory stays flat; the trainer drains it every update.
         self.finished: deque[Episode] = deque(maxlen=max_episode_history)
+        self.capped = 0  # episodes cut by EpisodeTurnCap (not ended by the env)
 
     def reset(self, seed: int | list[int] | None = None) -> None:
         """Start fresh episodes in every env (``seed``: one int, or one per env)."""
@@ -101,6 +190,8 @@ class RolloutCollector:
             self._annotate(turn, i, seen[k])
             buffer.add(i, turn)
             self.tally.add(i, turn.reward, turn.invalid)
+            if turn.truncated and step.info(i, TURN_CAP_INFO) is not None:
+                self._capped(i, int(step.info(i, TURN_CAP_INFO)))
             if turn.done:
                 success = step.info(i, "is_success")
                 game = game_fields(functools.partial(step.info, i))  # outcome, opponent
@@ -108,6 +199,19 @@ class RolloutCollector:
         self.observations = step.observations
         self.resetting = step.next_resetting(self.resetting)
         return step.actions, step.terminations, step.truncations
+
+    def _capped(self, i: int, cap: int) -> None:
+        """Count an episode cut by the turn cap; warn the first time."""
+        self.capped += 1
+        if self.capped == 1:
+            logger.warning(
+                "Env %d played max_episode_turns=%d turns without ending its episode; the "
+                "episode was cut there (truncated, its value bootstrapped), as every such "
+                "episode will be. Raise max_episode_turns if the env's episodes are meant to "
+                "be longer.",
+                i,
+                cap,
+            )
 
     def _annotate(self, turn: Turn, i: int, observation: Any) -> None:
         """Add what a subclass records per turn (env ``i`` answered ``observation``)."""

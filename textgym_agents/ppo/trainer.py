@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable, Hashable, Iterator
@@ -28,7 +29,7 @@ from textgym_agents.memory import release_memory
 from textgym_agents.ppo import core
 from textgym_agents.ppo.buffer import RolloutBuffer, Turn
 from textgym_agents.ppo.estimators import assign_critic_free
-from textgym_agents.ppo.rollout import as_vector_env
+from textgym_agents.ppo.rollout import as_vector_env, cap_episode_turns
 from textgym_agents.ppo.run import TrainingRun
 from textgym_agents.ppo.setup import (
     make_collector,
@@ -50,6 +51,8 @@ from textgym_agents.tracking import rollout_stats
 
 __all__ = ["NonFiniteUpdateError", "PPOTrainer"]
 
+logger = logging.getLogger(__name__)
+
 
 class PPOTrainer:
     """Trains a :class:`~textgym_agents.PPOPolicy` by PPO on a text env.
@@ -59,6 +62,11 @@ class PPOTrainer:
     ``max_nonfinite_updates`` updates in a row with such a step, :meth:`update` raises
     :class:`NonFiniteUpdateError`. An exception inside an env becomes an
     :class:`~textgym_agents.ppo.tracked.EnvFault` naming the env, episode and step.
+
+    Training always ends: every env gets a turn cap (``config.max_episode_turns``, see
+    :func:`~textgym_agents.ppo.rollout.cap_episode_turns`) that cuts an episode the env never
+    ends, and a warning says when ``stall_warning_updates`` updates (then twice, four times
+    as many...) have passed without a finished episode.
 
     Under ``accelerate launch`` with N processes (:func:`~textgym_agents.distributed.current`),
     each process plays its own envs (seeds shifted by rank), the gradient is the mean over all
@@ -85,6 +93,7 @@ class PPOTrainer:
         output_dir: str | Path | None = None,
         max_nonfinite_updates: int = 3,
         anchor_key: Callable[[Any], Hashable] | None = None,
+        stall_warning_updates: int = 10,
     ) -> None:
         """Create the trainer.
 
@@ -92,7 +101,10 @@ class PPOTrainer:
             policy: The :class:`~textgym_agents.PPOPolicy` to train (its config is used).
             envs: A text env or vector env; None when every buffer is filled by hand. It is
                 wrapped in a :class:`~textgym_agents.ppo.tracked.TrackedVectorEnv`
-                (``trainer.envs``), which counts episodes and records what resuming replays.
+                (``trainer.envs``), which counts episodes and records what resuming replays;
+                the envs of a single env or ``SyncVectorEnv`` are wrapped in place in an
+                :class:`~textgym_agents.ppo.rollout.EpisodeTurnCap` of
+                ``config.max_episode_turns``.
             output_dir: Run directory for metrics, checkpoints and plots (None: no files).
             max_nonfinite_updates: Stop (raise :class:`NonFiniteUpdateError`) after this many
                 updates in a row that each had an optimizer step with a non-finite loss or
@@ -100,18 +112,27 @@ class PPOTrainer:
             anchor_key: GiGPO: maps an observation to its anchor key (default:
                 :func:`~textgym_agents.ppo.groups.default_anchor`, the current observation's
                 text); pass one for envs whose text hides part of the state.
+            stall_warning_updates: Warn after this many updates in a row without a finished
+                episode (again after twice, four times... as many).
         """
-        if not (isinstance(max_nonfinite_updates, int) and max_nonfinite_updates >= 1):
-            raise ValueError(
-                f"max_nonfinite_updates must be an int >= 1, got {max_nonfinite_updates!r}"
-            )
+        for name, value in [
+            ("max_nonfinite_updates", max_nonfinite_updates),
+            ("stall_warning_updates", stall_warning_updates),
+        ]:
+            if not (isinstance(value, int) and value >= 1):
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         self.process = process = distributed.current()
         distributed.share_policy(process, policy)  # same device layout and starting weights
         self.policy = policy
         self.config = config = policy.config
         if config.gradient_checkpointing:
             enable_gradient_checkpointing(policy.model)
-        self.envs = TrackedVectorEnv(as_vector_env(envs)) if envs is not None else None
+        self.envs = None
+        self.turn_capped = False  # whether config.max_episode_turns applies to the envs
+        if envs is not None:
+            vector = as_vector_env(envs)
+            self.turn_capped = cap_episode_turns(vector, config.max_episode_turns)
+            self.envs = TrackedVectorEnv(vector)
         self.collector = None
         if self.envs is not None:
             self.collector = make_collector(self.envs, config, process, anchor_key)
@@ -127,6 +148,9 @@ class PPOTrainer:
         self.max_nonfinite_updates = max_nonfinite_updates
         self.nonfinite_streak = 0  # updates in a row with a skipped (non-finite) step
         self.nonfinite_total = 0  # optimizer steps skipped over the run
+        self.stall_warning_updates = stall_warning_updates
+        self.updates_without_episode = 0  # step() calls in a row that finished no episode
+        self.turns_without_episode = 0  # turns those updates played
         self.callbacks: list[Any] = []  # objects with on_update(...), see add_callback
         self.games: list[tuple[str | None, str]] = []  # (opponent, outcome) of the last update
 
@@ -404,11 +428,39 @@ class PPOTrainer:
             raise
         self.process.stop_check()  # all stop here if one failed or holds Ctrl-C/SIGTERM
         rollout_s = time.perf_counter() - start
+        episodes_before = self.episodes
         metrics = self.update(buffer, self.collector.drain())
+        self._check_progress(self.episodes > episodes_before, self.turns - turns_before)
         metrics["time/rollout_s"] = rollout_s
         total = rollout_s + metrics["time/score_s"] + metrics["time/update_s"]
         metrics["throughput/turns_per_s"] = (self.turns - turns_before) / max(total, 1e-9)
         return metrics
+
+    def _check_progress(self, finished: bool, turns: int) -> None:
+        """Count updates without a finished episode; warn after N of them, 2N, 4N, ..."""
+        if finished:
+            self.updates_without_episode = self.turns_without_episode = 0
+            return
+        self.updates_without_episode += 1
+        self.turns_without_episode += turns
+        stalled = self.updates_without_episode
+        times, rest = divmod(stalled, self.stall_warning_updates)
+        if times == 0 or rest or times & (times - 1):
+            return  # warn at N, 2N, 4N, 8N, ... updates
+        if not self.process.is_main:  # the counts are global: one process says it
+            return
+        if self.turn_capped:
+            how = f"cuts an episode after max_episode_turns={self.config.max_episode_turns} turns"
+        else:
+            how = "cannot cut these envs' episodes (not a single env or SyncVectorEnv)"
+        logger.warning(
+            "No episode has finished in the last %d updates (%d turns). Training runs until "
+            "total_episodes episodes have finished; the trainer %s. Check that the env ends "
+            "its episodes (a goal, a time limit), or lower max_episode_turns.",
+            stalled,
+            self.turns_without_episode,
+            how,
+        )
 
     def train(
         self,
