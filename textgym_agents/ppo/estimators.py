@@ -210,9 +210,14 @@ def assign_critic_free(
 ) -> None:
     """Set ``advantage`` and ``returns`` of every turn of ``episodes`` by ``config``'s estimator.
 
+    An episode the rollout cut before it ended (its last turn neither terminated nor
+    truncated: REINFORCE without groups stops after ``num_steps`` turns) has no return yet, so
+    its turns get advantage 0 — no credit either way — and stay out of the batch statistics;
+    the next rollout credits the rest of it, whose returns-to-go need only its own turns.
+
     Args:
-        episodes: Finished episodes, each a list of scored
-            :class:`~textgym_agents.ppo.buffer.Turn` (``kl`` set) in time order.
+        episodes: Episodes, each a list of scored :class:`~textgym_agents.ppo.buffer.Turn`
+            (``kl`` set) in time order; the last may be unfinished.
         config: The :class:`~textgym_agents.PPOConfig` (``advantage_estimator``,
             ``normalize_by_std``, ``step_advantage_weight``, ``step_gamma``, ``gamma``).
         beta: KL penalty coefficient: a turn's reward is ``reward - beta * kl``.
@@ -221,6 +226,11 @@ def assign_critic_free(
             (None: this process's batch is the whole batch).
             (Groups never straddle processes, so the group estimators need no gathering.)
     """
+    for turns in episodes:
+        if turns and not turns[-1].done:  # cut by the rollout: no return to credit yet
+            for turn in turns:
+                turn.advantage, turn.returns = 0.0, 0.0
+    episodes = [turns for turns in episodes if turns and turns[-1].done]
     trajectories = [
         Trajectory(
             rewards=[t.reward - beta * t.kl for t in turns],

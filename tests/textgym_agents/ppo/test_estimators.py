@@ -171,3 +171,15 @@ def test_reinforce_uses_the_gathered_batch():
 
     assign_critic_free(episodes, config, gather=gather)
     assert episodes[0][0].advantage == pytest.approx(1.0 - 3.0)  # mean of 3, 5, 1
+
+
+def test_reinforce_gives_no_credit_to_an_episode_the_rollout_cut():
+    """A 'hit' just before a rollout boundary is not credited as if its episode had ended."""
+    finished = [Turn([1], [2], reward=0.0), Turn([1], [2], reward=1.0, terminated=True)]
+    lost = [Turn([1], [2], reward=-1.0, terminated=True)]
+    cut = [Turn([1], [2], reward=0.0)]  # the rollout stopped here: no return yet
+    config = PPOConfig(advantage_estimator="reinforce", normalize_by_std=False)
+    assign_critic_free([finished, lost, cut], config)
+    assert [cut[0].advantage, cut[0].returns] == [0.0, 0.0]
+    # Normalised over the finished turns only: returns-to-go 1, 1, -1 (mean 1/3).
+    assert [t.advantage for t in finished + lost] == pytest.approx([2 / 3, 2 / 3, -4 / 3])
