@@ -79,12 +79,20 @@ def bot_baseline(env_id: str, episodes: int, seed: int, **kwargs: Any) -> dict[s
         returns.append(total)
         lengths.append(length)
     env.close()
-    p = sum(successes) / episodes
+    return summary(successes, returns, lengths, start)
+
+
+def summary(
+    successes: list[bool], returns: list[float], lengths: list[int], start: float
+) -> dict[str, float]:
+    """Success rate with its standard error, mean return and length, seconds since ``start``."""
+    n = len(successes)
+    p = sum(successes) / n
     return {
         "success": p,
-        "se": math.sqrt(p * (1 - p) / episodes),
-        "return": sum(returns) / episodes,
-        "length": sum(lengths) / episodes,
+        "se": math.sqrt(p * (1 - p) / n),
+        "return": sum(returns) / n,
+        "length": sum(lengths) / n,
         "seconds": time.perf_counter() - start,
     }
 

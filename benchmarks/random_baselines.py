@@ -20,52 +20,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import random
 import time
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
-import textgym
 from textgym.envs import frozen_lake_random, sokoban
-from textgym.evaluation import evaluate_callable
+
+try:  # run as a script from benchmarks/, or imported as benchmarks.random_baselines
+    from babyai_random import baseline, summary
+except ImportError:
+    from benchmarks.babyai_random import baseline, summary
 
 ROWS = (
     ("textgym/Sokoban-v0", {}),
     ("textgym/FrozenLakeRandom-v0", {"slip_probability": 0.0}),
     ("textgym/FrozenLakeRandom-v0", {"slip_probability": 2 / 3}),
 )
-
-
-def summary(successes: list[bool], returns: list[float], lengths: list[int], start: float):
-    n = len(successes)
-    p = sum(successes) / n
-    return {
-        "success": p,
-        "se": math.sqrt(p * (1 - p) / n),
-        "return": sum(returns) / n,
-        "length": sum(lengths) / n,
-        "seconds": time.perf_counter() - start,
-    }
-
-
-def random_baseline(env_id: str, episodes: int, seed: int, **kwargs: Any) -> dict[str, Any]:
-    """A uniformly random valid reply each step."""
-    env = gym.make(env_id, **kwargs)
-    choices = textgym.reply_choices(env)
-    assert choices, f"{env_id} has no fixed set of replies"
-    rng = random.Random(seed)
-    start = time.perf_counter()
-    result = evaluate_callable(lambda messages: rng.choice(choices), env, episodes, seed=seed)
-    env.close()
-    return summary(
-        [bool(e.success) for e in result.episodes],
-        [e.episode_return for e in result.episodes],
-        [e.length for e in result.episodes],
-        start,
-    )
 
 
 def lake_plan(lake: Any, horizon: int) -> tuple[np.ndarray, float]:
@@ -141,7 +113,7 @@ def main() -> None:
             options = ", ".join(f"{k}={v:.3g}" for k, v in kwargs.items()) or "defaults"
             kwargs = {**kwargs, "max_episode_steps": limit}
             rows = {
-                "random valid reply": random_baseline(env_id, args.episodes, args.seed, **kwargs),
+                "random valid reply": baseline(env_id, args.episodes, args.seed, **kwargs),
                 "optimal": optimal_baseline(env_id, args.episodes, args.seed, **kwargs),
             }
             for policy, row in rows.items():
