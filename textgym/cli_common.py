@@ -34,6 +34,7 @@ __all__ = [
     "parse_env_args",
     "positive_int",
     "recorded_env",
+    "recorded_env_args",
     "reply_choices",
     "text_wrapper",
     "write_run_info",
@@ -114,15 +115,28 @@ def recorded_env(
         ('textgym/Blackjack-v1', {'history': 2})
     """
     chosen = env_id or info.get("env") or DEFAULT_ENV
-    from_file = chosen == info.get("env")
-    args = dict(info.get("env_args") or {}) if from_file else {}
-    if from_file and not trust:
-        try:
-            check_env_args(chosen, args, source)
-        except UntrustedCodeError as e:
-            raise CLIError(str(e)) from None
+    args = recorded_env_args(info, chosen, source, trust)
     args.update(env_args)
     return chosen, args
+
+
+def recorded_env_args(
+    info: Mapping[str, Any], env_id: str, source: str, trust: bool = False
+) -> dict[str, Any]:
+    """The env arguments a ``cli.json`` holds for ``env_id`` (``{}`` for another env).
+
+    Raises:
+        CLIError: Unless ``trust``, the arguments name code textgym does not know.
+    """
+    if env_id != info.get("env"):
+        return {}
+    args = dict(info.get("env_args") or {})
+    if not trust:
+        try:
+            check_env_args(env_id, args, source)
+        except UntrustedCodeError as e:
+            raise CLIError(str(e)) from None
+    return args
 
 
 def parse_env_args(items: Sequence[str] | None) -> dict[str, Any]:

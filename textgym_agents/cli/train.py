@@ -27,10 +27,10 @@ from textgym.cli_common import (
     one_line,
     parse_env_args,
     positive_int,
+    recorded_env_args,
     write_run_info,
 )
 from textgym.plugins import FunctionCommand
-from textgym.trust import UntrustedCodeError, check_env_args
 from textgym_agents.cli.common import from_pretrained, import_agents
 from textgym_agents.cli.config import add_config_flags, flag_values, read_config_file
 from textgym_agents.cli.evaluate import EVAL_SEED, evaluate_policy, format_gap, format_table
@@ -207,19 +207,6 @@ def _dtype(flag: str | None, saved: str | None) -> str:
     return flag
 
 
-def _trusted_args(info: Mapping[str, Any], env_id: str, source: str, trust: bool) -> dict[str, Any]:
-    """The env arguments a ``cli.json`` holds for ``env_id``, refused if they name unknown code."""
-    if env_id != info.get("env"):
-        return {}
-    args = dict(info.get("env_args") or {})
-    if not trust:
-        try:
-            check_env_args(env_id, args, source)
-        except UntrustedCodeError as e:
-            raise CLIError(str(e)) from None
-    return args
-
-
 def _plan(args: argparse.Namespace, config_cls: Any) -> _Plan:
     saved_info: dict[str, Any] = {}
     saved_ppo: dict[str, Any] = {}
@@ -246,8 +233,8 @@ def _plan(args: argparse.Namespace, config_cls: Any) -> _Plan:
     data_info = read_run_info(args.sft_data) if args.sft_data else {}
     env_id = pick("env", data_info.get("env") or DEFAULT_TRAIN_ENV)
     per_env = run_defaults(env_id)
-    env_args = _trusted_args(data_info, env_id, f"{args.sft_data} (cli.json)", args.trust_run)
-    env_args.update(_trusted_args(saved_info, env_id, f"{run_dir} (cli.json)", args.trust_run))
+    env_args = recorded_env_args(data_info, env_id, f"{args.sft_data} (cli.json)", args.trust_run)
+    env_args.update(recorded_env_args(saved_info, env_id, f"{run_dir} (cli.json)", args.trust_run))
     env_args.update(file_train.get("env_args", {}))
     env_args.update(parse_env_args(args.env_arg))
     probe = make_env(env_id, env_args)  # fails early on an unknown env; lists its replies
