@@ -117,6 +117,33 @@ class ChoiceScores:
         """(B,) entropy of each prompt's distribution over its choices."""
         return torch.stack([-(row.exp() * row).sum() for row in self.logps])
 
+    def explore(
+        self, eps: float, generator: torch.Generator | None = None
+    ) -> tuple[list[int], list[float]]:
+        """One choice per prompt from ``(1 - eps) * π + eps * uniform``, and its log-probability.
+
+        The behaviour distribution μ of ``PPOConfig.explore_eps``: every valid reply keeps at
+        least ``eps / K`` of the mass, and μ is known exactly, so training can weight a turn
+        by ``π(a) / μ(a)`` (at most ``1 / (1 - eps)``).
+
+        Example:
+            >>> import torch
+            >>> scores = ChoiceScores([torch.tensor([0.0, -100.0]).log_softmax(0)], None)
+            >>> picks, logps = scores.explore(1.0, torch.Generator().manual_seed(0))
+            >>> round(logps[0], 4)  # uniform over two replies
+            -0.6931
+        """
+        if not 0.0 <= eps <= 1.0:
+            raise ValueError(f"Expected eps in [0, 1], got {eps}")
+        picks, logps = [], []
+        for row in self.logps:
+            probs = row.detach().double().exp().cpu()
+            mixture = (1.0 - eps) * probs + eps / len(probs)
+            k = int(torch.multinomial(mixture, 1, generator=generator))
+            picks.append(k)
+            logps.append(float(mixture[k].log()))
+        return picks, logps
+
     def sample(self, greedy: bool, generator: torch.Generator | None = None) -> list[int]:
         """Index of one choice per prompt: the most likely, or drawn from the distribution."""
         if greedy:

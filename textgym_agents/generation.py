@@ -33,6 +33,9 @@ class Generation:
     # choices, and the value of its prompt, as training's scoring pass computes them.
     logps: list[float] | None = None
     values: list[float] | None = None
+    # Choice decoding with exploration (``explore`` > 0): each row's log-prob under the
+    # mixture it was drawn from (:meth:`~textgym_agents.choices.ChoiceScores.explore`).
+    behaviour_logps: list[float] | None = None
     # Rollout engine "vllm": the server's log-prob of each reply token (raw, temperature 1).
     # PPO never uses them as old log-probs; they are there to compare with the scoring pass.
     token_logps: list[list[float]] | None = None

@@ -163,6 +163,7 @@ class PPOPolicy(PolicyScoring):
         max_new_tokens: int | None = None,
         choices: Sequence[Sequence[str] | None] | None = None,
         schemas: Sequence[dict[str, Any] | None] | None = None,
+        explore: float = 0.0,
     ) -> Generation:
         """Generate one reply per conversation in a single batched call.
 
@@ -176,6 +177,10 @@ class PPOPolicy(PolicyScoring):
             schemas: Each conversation's reply JSON schema (``reply_schemas(envs)``), used when
                 ``config.decoding`` is ``"constrained"`` or ``"auto"``: the reply then satisfies
                 it, sampled from the model's distribution renormalised over allowed tokens.
+            explore: With choice decoding and sampling, draw each reply from
+                ``(1 - explore) * π + explore * uniform`` over its valid replies and record its
+                log-prob under that mixture (``behaviour_logps``); training's rollouts use
+                ``config.explore_eps``. Ignored by free and constrained text.
         """
         prompts = [self.encode(messages) for messages in batch]
         if not prompts:
@@ -190,7 +195,7 @@ class PPOPolicy(PolicyScoring):
                 prompts, mode, choices, schemas, greedy=greedy, max_new_tokens=budget
             )
         if mode == "choices":
-            return self._choose(prompts, choices, greedy)  # type: ignore[arg-type]
+            return self._choose(prompts, choices, greedy, explore)  # type: ignore[arg-type]
         budget = max_new_tokens or config.max_new_tokens
         grammar = None
         if mode == "constrained":
@@ -294,12 +299,20 @@ class PPOPolicy(PolicyScoring):
         return check_choice_set([self._choice_cache[prefix, r] for r in replies], replies)
 
     def _choose(
-        self, prompts: list[list[int]], choices: Sequence[Sequence[str]], greedy: bool
+        self,
+        prompts: list[list[int]],
+        choices: Sequence[Sequence[str]],
+        greedy: bool,
+        explore: float = 0.0,
     ) -> Generation:
         ids = [self.choice_ids(replies) for replies in choices]
         critic = self.config.uses_critic  # critic-free estimators never run the value head
         scores = self.score_choices(prompts, ids, values=critic)
-        picks = scores.sample(greedy)
+        behaviour = None
+        if explore > 0 and not greedy:
+            picks, behaviour = scores.explore(explore)
+        else:
+            picks = scores.sample(greedy)
         return Generation(
             prompts,
             [ids[b][k] for b, k in enumerate(picks)],
@@ -307,6 +320,7 @@ class PPOPolicy(PolicyScoring):
             choice_ids=ids,
             logps=scores.chosen(picks).float().tolist(),
             values=scores.values.float().tolist() if critic else None,  # type: ignore[union-attr]
+            behaviour_logps=behaviour,
         )
 
     # --- training ----------------------------------------------------------------------------

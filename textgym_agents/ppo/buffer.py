@@ -35,6 +35,9 @@ class Turn:
         group: With seed-shared groups (``PPOConfig.group_size``), the id of the episode's
             group within the rollout; -1 otherwise.
         anchor: GiGPO's anchor key of the observation this turn answered (None if unused).
+        behaviour_logp: With exploration (``PPOConfig.explore_eps``), the log-prob of the
+            reply under the mixture it was drawn from; the update weights the turn by
+            ``π_old / μ``. None: drawn from the policy itself.
     """
 
     prompt_ids: list[int]
@@ -47,6 +50,7 @@ class Turn:
     choice_ids: list[list[int]] | None = None
     group: int = -1
     anchor: Hashable = None
+    behaviour_logp: float | None = None
     # Filled by scoring: per-token log-probs (T,) under the rollout policy and the reference,
     # the value of the prompt and, for bootstrapped turns, the value of bootstrap_ids.
     old_logps: torch.Tensor | None = None

@@ -136,6 +136,14 @@ class PPOConfig:
         "says so); an env's own shorter limit ends its episodes first. The default is above "
         "the built-in envs' time limits (100 to 500 turns).",
     )
+    explore_eps: float = _help(
+        0.0,
+        "Choices: training rollouts draw each reply from (1 - eps) * policy + eps * uniform "
+        "over the valid replies, and the update weights each turn by policy / mixture (exact, "
+        "at most 1 / (1 - eps)), so the gradient stays the on-policy one in expectation; "
+        "evaluation and act() are unaffected. Needs decoding 'choices' or 'auto' and the 'hf' "
+        "rollout engine; turns decoded as text are not explored.",
+    )
     gamma: float = _help(1.0, "Discount between turns (GAE, and REINFORCE's returns-to-go).")
     lam: float = _help(0.95, "GAE lambda.")
     # --- advantage estimator (docs/estimators.md) ---------------------------------------------
@@ -164,6 +172,13 @@ class PPOConfig:
     )
     step_gamma: float = _help(
         0.95, "GiGPO: discount of the returns-to-go compared within a step group."
+    )
+    drop_zero_advantage: bool = _help(
+        True,
+        "Critic-free estimators: leave turns whose advantage is exactly 0 (every turn of a "
+        "group whose returns are all equal, of an episode cut by the rollout) out of the "
+        "update; an update with none left takes no optimizer step, so the entropy bonus "
+        "never acts alone. False trains on them too (their only gradient is the entropy's).",
     )
     # --- PPO update -------------------------------------------------------------------------
     learning_rate: float = _help(2e-4, "AdamW learning rate of the LoRA weights.")
@@ -233,6 +248,14 @@ class PPOConfig:
         for name in ["gamma", "lam", "step_gamma"]:
             value = getattr(self, name)
             _check(self, name, _number(value) and 0 <= value <= 1, "in [0, 1]")
+        eps = self.explore_eps
+        _check(self, "explore_eps", _number(eps) and 0 <= eps < 1, "in [0, 1)")
+        if eps > 0 and (self.decoding not in ("choices", "auto") or self.rollout_engine != "hf"):
+            raise ValueError(
+                f"explore_eps={eps} mixes uniform choices into the rollout, so it needs "
+                "decoding='choices' or 'auto' and rollout_engine='hf', got "
+                f"decoding={self.decoding!r}, rollout_engine={self.rollout_engine!r}"
+            )
         _check(self, "top_p", _number(self.top_p) and 0 < self.top_p <= 1, "in (0, 1]")
         _check(self, "top_k", _integer(self.top_k) and self.top_k >= 0, "an int >= 0")
         _check(self, "save_every", _integer(self.save_every) and self.save_every >= 0, ">= 0")

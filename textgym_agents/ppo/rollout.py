@@ -181,6 +181,8 @@ class RolloutCollector:
                 invalid=bool(step.info(i, "invalid") or False),
                 choice_ids=generation.choice_ids[k] if generation.choice_ids else None,
             )
+            if getattr(generation, "behaviour_logps", None) is not None:  # explored
+                turn.behaviour_logp = generation.behaviour_logps[k]
             if getattr(generation, "logps", None) is not None:  # scored by the rollout
                 turn.old_logps = torch.tensor([generation.logps[k]])
                 if generation.values is not None:  # None: critic-free
@@ -222,6 +224,9 @@ class RolloutCollector:
         choices = self.choices() if getattr(policy, "wants_choices", False) else None
         if choices:
             kwargs["choices"] = [choices[i] for i in active]
+            explore = getattr(getattr(policy, "config", None), "explore_eps", 0.0)
+            if explore:
+                kwargs["explore"] = explore
         schemas = self.schemas() if getattr(policy, "wants_schemas", False) else None
         if schemas:
             kwargs["schemas"] = [schemas[i] for i in active]

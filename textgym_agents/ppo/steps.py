@@ -23,6 +23,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "STEP_STATS",
     "VALUE_STATS",
+    "behaviour_weight",
     "micro_batch_loss",
     "minibatch_loss",
     "minibatches",
@@ -133,7 +134,8 @@ def micro_batch_loss(
     old = torch.zeros_like(scores.logps)  # (B, T)
     for row, turn in enumerate(turns):
         old[row, : turn.scored_tokens] = turn.old_logps.to(device)
-    advantages = torch.tensor([t.advantage for t in turns], device=device)  # (B,)
+    # Explored turns (config.explore_eps) were drawn from a mixture μ: weighted by π_old / μ.
+    advantages = torch.tensor([t.advantage * behaviour_weight(t) for t in turns], device=device)
     pg_loss, pg_stats = core.policy_loss(
         scores.logps, old, advantages, scores.mask, config.clip_range
     )
@@ -161,6 +163,25 @@ def micro_batch_loss(
         "policy/clip_frac": float(pg_stats["clip_frac"]) * token_share,
         "policy/ratio_mean": float(pg_stats["ratio_mean"]) * token_share,
     }
+
+
+def behaviour_weight(turn: Turn) -> float:
+    """``π_old(a) / μ(a)`` of a turn drawn from a mixture μ, else 1.
+
+    With it, the clipped surrogate's gradient at the old weights is, in expectation over μ,
+    the on-policy gradient: ``Σ_a μ(a) · π(a) / μ(a) · ∇log π(a) · A(a) = E_π[∇log π · A]``.
+    The PPO ratio stays ``π_θ / π_old``, exactly 1 at the old weights.
+
+    Example:
+        >>> import math, torch
+        >>> turn = Turn([1], [2], reward=0.0, behaviour_logp=math.log(0.5))
+        >>> turn.old_logps = torch.tensor([math.log(0.25)])
+        >>> behaviour_weight(turn)
+        0.5
+    """
+    if turn.behaviour_logp is None:
+        return 1.0
+    return math.exp(float(turn.old_logps[0]) - turn.behaviour_logp)
 
 
 def minibatch_loss(

@@ -197,13 +197,20 @@ class PPOTrainer:
         start = time.perf_counter()
         # One order for scoring and the first epoch: both then run the same forward passes.
         order = self.rng.permutation(len(turns))
-        self.score(turns, order)
-        self.compute_advantages(buffer)
+        if self._advantages_need_scores:
+            self.score(turns, order)
+            self.compute_advantages(buffer)
+            trained, order = self._informative(turns, order)
+        else:  # critic-free without a KL penalty: advantages from rewards alone, then score
+            self.compute_advantages(buffer)
+            trained, order = self._informative(turns, order)
+            self.score(trained, order)
         score_s = time.perf_counter() - start
         start = time.perf_counter()
-        stats = self.optimise(turns, order)
+        stats = self.optimise(trained, order)
         release_memory()  # the update's activations, freed between live blocks (memory.py)
         update_s = time.perf_counter() - start
+        stats["train/trained_turns"] = self.process.sum([len(trained)])[0]
         metrics = self._update_metrics(turns, episodes or [], stats, score_s, update_s)
         buffer.clear()
         for callback in self.callbacks:  # before the driver logs: they may add metrics
@@ -276,7 +283,8 @@ class PPOTrainer:
         config = self.config
         beta = float(self.kl_ctl.value)
         if not config.uses_critic:
-            buffer.compute_kl(config.kl_estimator)
+            if self._uses_kl:  # else every turn's KL is 0 (its reference is itself)
+                buffer.compute_kl(config.kl_estimator)
             assign_critic_free(buffer.episodes(), config, beta, gather=self._gather_array)
             return
         buffer.compute_advantages(beta, config.gamma, config.lam, config.kl_estimator)
@@ -312,6 +320,8 @@ class PPOTrainer:
         # Every process takes as many optimizer steps as the one with the most minibatches;
         # one that has run out joins each remaining step with zero gradients.
         (steps,) = self.process.max([math.ceil(len(turns) / config.minibatch_size)])
+        if steps == 0:  # nothing to train on (drop_zero_advantage): the weights stay put
+            return {"train/epochs_done": 0, "train/early_stop": 0.0, "train/nonfinite_steps": 0}
         for epoch in range(config.num_epochs):
             epoch_order = order if epoch == 0 else self.rng.permutation(len(turns))
             minibatches = list(self._minibatches(epoch_order, turns))
@@ -347,6 +357,27 @@ class PPOTrainer:
     @property
     def _uses_kl(self) -> bool:
         return self.config.adaptive_kl or self.config.kl_coef > 0
+
+    @property
+    def _advantages_need_scores(self) -> bool:
+        """GAE needs values, a KL penalty log-probs; critic-free advantages need only rewards."""
+        return self.config.uses_critic or self._uses_kl
+
+    def _informative(self, turns: list[Turn], order: np.ndarray) -> tuple[list[Turn], np.ndarray]:
+        """The turns the update trains on, and ``order`` restricted to them (renumbered).
+
+        With ``config.drop_zero_advantage`` and a critic-free estimator, turns whose advantage
+        is exactly 0 carry no policy gradient: they are left out (their entropy term would
+        otherwise act alone); else every turn is kept.
+        """
+        if self.config.uses_critic or not self.config.drop_zero_advantage:
+            return turns, order
+        keep = [i for i, turn in enumerate(turns) if turn.advantage != 0.0]
+        if len(keep) == len(turns):
+            return turns, order
+        renumber = {old: new for new, old in enumerate(keep)}
+        kept_order = np.array([renumber[i] for i in order.tolist() if i in renumber], dtype=int)
+        return [turns[i] for i in keep], kept_order
 
     def _minibatches(self, order: np.ndarray, turns: list[Turn]) -> Iterator[list[list[int]]]:
         config = self.config
