@@ -9,6 +9,7 @@ in :mod:`textgym_agents.policy_files`.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,8 @@ from textgym_agents.precision import in_compute_dtype
 from textgym_agents.scoring import PolicyScoring, Scores
 
 __all__ = ["Generation", "PPOPolicy", "Scores"]
+
+logger = logging.getLogger(__name__)
 
 Messages = Sequence[dict[str, str]]
 
@@ -95,6 +98,7 @@ class PPOPolicy(PolicyScoring):
         self._choice_cache: dict[tuple[str, str], list[int]] = {}  # (prefix, reply) -> ids
         self._grammars: GrammarCompiler | None = None  # built on first constrained generation
         self._engine: Any = None  # config.rollout_engine="vllm": started on first generation
+        self._warned_decoding = False  # _decoding's fallback is said once
         self._learner = self.model.active_adapter  # the adapter a vLLM engine serves
         self.model.eval()  # no dropout: PPO's old and new log-probs must match
         if self.config.gqa_attention:
@@ -186,7 +190,7 @@ class PPOPolicy(PolicyScoring):
         if not prompts:
             return Generation([], [], [])
         config = self.config
-        mode = decoding_mode(config.decoding, len(prompts), choices, schemas)
+        mode = decoding_mode(self._decoding(choices, schemas), len(prompts), choices, schemas)
         if config.rollout_engine == "vllm" and self.model.active_adapter == self._learner:
             # Self-play snapshots (other adapters) keep generating here, on HF.
             budget = max_new_tokens or config.max_new_tokens
@@ -211,6 +215,35 @@ class PPOPolicy(PolicyScoring):
             greedy=greedy,
             grammar=grammar,
         )
+
+    def _decoding(
+        self,
+        choices: Sequence[Sequence[str] | None] | None,
+        schemas: Sequence[dict[str, Any] | None] | None,
+    ) -> str:
+        """``config.decoding``, or ``"auto"`` (warned once) where a call lacks what it needs.
+
+        A policy trained with choices (or a grammar) still answers a bare observation:
+        ``act(obs)`` then decodes what the call allows (free text after the reply prefix)
+        instead of failing; pass ``choices=env.reply_choices()`` to pick a valid reply.
+        """
+        mode = self.config.decoding
+        hints = {"choices": choices, "constrained": schemas}.get(mode, ())
+        if hints is None or any(h is None for h in hints):
+            if not self._warned_decoding:
+                self._warned_decoding = True
+                what = "valid replies" if mode == "choices" else "reply schemas"
+                keyword = "choices=env.reply_choices()" if mode == "choices" else "schemas=..."
+                logger.warning(
+                    "config.decoding=%r but this call has no %s for some conversations: "
+                    "decoding them as decoding='auto' does (free text unless a choice list or "
+                    "schema is there). Pass %s to decode as in training. (Said once.)",
+                    mode,
+                    what,
+                    keyword,
+                )
+            return "auto"
+        return mode
 
     def rollout_engine(self) -> Any:
         """The :class:`~textgym_agents.engines.VLLMEngine` of ``rollout_engine="vllm"``.
@@ -350,14 +383,24 @@ class PPOPolicy(PolicyScoring):
             The last update's metrics.
 
         A policy created without a config trains with :meth:`PPOConfig.for_env(envs)
-        <textgym_agents.PPOConfig.for_env>`, the settings ``textgym train`` uses for that env
-        (its seed kept); one given a config trains with exactly that config.
+        <textgym_agents.PPOConfig.for_env>`, the settings ``textgym train`` uses for the env
+        of each call (its seed kept): they are logged, saved in the run directory's
+        ``config.json`` and stay the policy's ``config`` afterwards, so it decodes as it was
+        trained. A policy given a config trains with exactly that config, never changed.
         """
         from textgym_agents.ppo.trainer import PPOTrainer
 
         if not self.config_given:
-            self.config = PPOConfig.for_env(envs, seed=self.config.seed)
-            self.config_given = True
+            settings = PPOConfig.for_env(envs, seed=self.config.seed)
+            before = self.config.to_dict()
+            changed = {k: v for k, v in settings.to_dict().items() if before[k] != v}
+            if changed:
+                logger.info(
+                    "learn(): the policy has no config of its own, so it trains with the "
+                    "settings that suit this env (PPOConfig.for_env): %s",
+                    ", ".join(f"{k}={v!r}" for k, v in sorted(changed.items())),
+                )
+            self.config = settings
 
         if output_dir == "auto":
             output_dir = _default_run_dir(envs)

@@ -4,6 +4,7 @@ import torch
 from peft import PeftModel
 
 import textgym  # noqa: F401
+from textgym.episodes import reply_choices
 from textgym_agents import PPOConfig, PPOPolicy
 from textgym_agents.testing import tiny_model
 
@@ -231,3 +232,33 @@ def test_learn_without_a_config_uses_the_env_defaults_and_with_one_keeps_it(tmp_
     kept = PPOPolicy(*tiny_model(), config=given)
     kept.learn(envs, total_episodes=1, output_dir=None)
     assert kept.config is given
+
+
+def test_each_learn_call_uses_the_settings_of_its_env_and_says_so(caplog):
+    """Without a config of its own, a second learn() on another env gets that env's settings
+    (not the first env's), and the settings used are logged."""
+    bare = PPOPolicy(*tiny_model())
+    blackjack = gym.make_vec("textgym/Blackjack-v1", num_envs=2)
+    with caplog.at_level("INFO", logger="textgym_agents.policy"):
+        bare.learn(blackjack, total_episodes=1, output_dir=None)
+    assert "decoding='choices'" in caplog.text and "temperature=2.0" in caplog.text
+    tools = gym.make_vec("textgym/Calculator-v0", num_envs=2)
+    bare.learn(tools, total_episodes=1, output_dir=None)
+    assert bare.config == PPOConfig.for_env(tools, seed=0)
+    assert (bare.config.decoding, bare.config.temperature) == ("free", 0.7)
+
+
+def test_act_on_a_bare_observation_after_learning_with_choices(caplog):
+    """A policy trained with choice decoding still answers act(obs) without the valid
+    replies (free text after the reply prefix, warned once); with them it picks one."""
+    policy = PPOPolicy(*tiny_model())
+    env = gym.make("textgym/Blackjack-v1")
+    policy.learn(gym.make_vec("textgym/Blackjack-v1", num_envs=2), 1, output_dir=None)
+    assert policy.config.decoding == "choices"
+    observation, _ = env.reset(seed=0)
+    with caplog.at_level("WARNING", logger="textgym_agents.policy"):
+        first, second = policy.act(observation), policy.act(observation)
+    assert isinstance(first, str) and isinstance(second, str)
+    assert first.startswith(policy.config.reply_prefix)
+    assert caplog.text.count("choices=env.reply_choices()") == 1  # said once
+    assert policy.act(observation, choices=reply_choices(env)) in reply_choices(env)
