@@ -79,17 +79,32 @@ def test_checkpoint_is_loadable_as_a_policy(tmp_path):
     assert PPOPolicy.load(checkpoint).config.seed == 3
 
 
-def test_resume_continues_the_same_run(tmp_path):
-    straight = make_policy(tmp_path)
-    straight.learn(envs(), total_episodes=12, output_dir=tmp_path / "straight")
+# The novelty bonus's visit counts are part of the run's state: FrozenLake revisits states.
+RESUMED_RUNS = {
+    "plain": ({}, envs),
+    "novelty": (
+        {"novelty_bonus": 0.2, "decoding": "choices"},
+        lambda: gym.make_vec("textgym/FrozenLake-v1", num_envs=4, max_episode_steps=6),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(RESUMED_RUNS))
+def test_resume_continues_the_same_run(tmp_path, name):
+    settings, make_envs = RESUMED_RUNS[name]
+    straight = make_policy(tmp_path, **settings)
+    straight.learn(make_envs(), total_episodes=12, output_dir=tmp_path / "straight")
     updates = read_metrics(tmp_path / "straight")[-1]["train/update"]
 
-    first = make_policy(tmp_path)
-    first.learn(envs(), total_episodes=5, output_dir=tmp_path / "resumed")
+    first = make_policy(tmp_path, **settings)
+    first.learn(make_envs(), total_episodes=5, output_dir=tmp_path / "resumed")
     done = read_metrics(tmp_path / "resumed")[-1]["train/update"]
-    second = make_policy(tmp_path)
+    second = make_policy(tmp_path, **settings)
     second.learn(
-        envs(), total_episodes=12, output_dir=tmp_path / "resumed", resume_from=tmp_path / "resumed"
+        make_envs(),
+        total_episodes=12,
+        output_dir=tmp_path / "resumed",
+        resume_from=tmp_path / "resumed",
     )
     lines = read_metrics(tmp_path / "resumed")
     steps = [line["step"] for line in lines]

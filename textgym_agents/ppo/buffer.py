@@ -51,6 +51,7 @@ class Turn:
     group: int = -1
     anchor: Hashable = None
     behaviour_logp: float | None = None
+    bonus: float = 0.0  # novelty bonus (PPOConfig.novelty_bonus), added to the reward in estimates
     # Filled by scoring: per-token log-probs (T,) under the rollout policy and the reference,
     # the value of the prompt and, for bootstrapped turns, the value of bootstrap_ids.
     old_logps: torch.Tensor | None = None
@@ -160,7 +161,7 @@ class RolloutBuffer:
         """
         self.compute_kl(kl_estimator)
         for turns in self.streams.values():
-            rewards = torch.tensor([t.reward - beta * t.kl for t in turns])
+            rewards = torch.tensor([t.reward + t.bonus - beta * t.kl for t in turns])
             values = torch.tensor([t.value for t in turns])
             next_values = torch.tensor(
                 [

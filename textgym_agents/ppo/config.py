@@ -144,6 +144,13 @@ class PPOConfig:
         "evaluation and act() are unaffected. Needs decoding 'choices' or 'auto' and the 'hf' "
         "rollout engine; turns decoded as text are not explored.",
     )
+    novelty_bonus: float = _help(
+        0.0,
+        "c of a count-based novelty bonus: a turn that leads to an observation the run has "
+        "seen n times (its anchor key, as GiGPO's) earns c / sqrt(n) on top of the env reward "
+        "in the advantage estimate only; the last turn of an episode earns none. For worlds "
+        "whose successes are too rare to learn from. 0 disables it.",
+    )
     gamma: float = _help(1.0, "Discount between turns (GAE, and REINFORCE's returns-to-go).")
     lam: float = _help(0.95, "GAE lambda.")
     # --- advantage estimator (docs/estimators.md) ---------------------------------------------
@@ -242,6 +249,7 @@ class PPOConfig:
             value = getattr(self, name)
             _check(self, name, _number(value) and value > 0, "> 0")
         nonnegative = ["value_learning_rate", "weight_decay", "vf_coef", "ent_coef", "kl_coef"]
+        nonnegative.append("novelty_bonus")
         for name in [*nonnegative, "step_advantage_weight"]:
             value = getattr(self, name)
             _check(self, name, _number(value) and value >= 0, ">= 0")

@@ -217,7 +217,8 @@ def assign_critic_free(
 
     Args:
         episodes: Episodes, each a list of scored :class:`~textgym_agents.ppo.buffer.Turn`
-            (``kl`` set) in time order; the last may be unfinished.
+            (``kl`` set) in time order; the last may be unfinished. A turn's reward is
+            ``reward + bonus`` (the novelty bonus, 0 unless ``novelty_bonus`` is set).
         config: The :class:`~textgym_agents.PPOConfig` (``advantage_estimator``,
             ``normalize_by_std``, ``step_advantage_weight``, ``step_gamma``, ``gamma``).
         beta: KL penalty coefficient: a turn's reward is ``reward - beta * kl``.
@@ -233,7 +234,7 @@ def assign_critic_free(
     episodes = [turns for turns in episodes if turns and turns[-1].done]
     trajectories = [
         Trajectory(
-            rewards=[t.reward - beta * t.kl for t in turns],
+            rewards=[t.reward + t.bonus - beta * t.kl for t in turns],
             group=turns[0].group,
             anchors=[t.anchor for t in turns],
         )

@@ -90,9 +90,8 @@ class GroupRolloutCollector(RolloutCollector):
                 f"use {group_size * max(1, round(envs.num_envs / group_size))} envs or a "
                 f"group_size that divides {envs.num_envs}"
             )
-        super().__init__(envs, seed, max_episode_history)
+        super().__init__(envs, seed, max_episode_history, anchor_key or default_anchor)
         self.group_size = group_size
-        self.anchor_key = anchor_key or default_anchor
         self.rounds = 0  # rounds played; the next round's seeds follow from it
         self._groups: list[int] = []  # each env's group id in the current round
 
@@ -136,7 +135,6 @@ class GroupRolloutCollector(RolloutCollector):
 
     def _annotate(self, turn: Turn, i: int, observation: Any) -> None:
         turn.group = self._groups[i]
-        turn.anchor = self.anchor_key(observation)
 
     def state(self) -> dict[str, Any]:
         """What a checkpoint keeps: the rounds played (no round is ever in flight then)."""

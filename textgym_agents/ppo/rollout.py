@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections import deque
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import gymnasium as gym
@@ -124,9 +125,20 @@ def cap_episode_turns(envs: VectorEnv, max_turns: int) -> bool:
 class RolloutCollector:
     """Steps a vector env with a policy and records turns into a :class:`RolloutBuffer`."""
 
-    def __init__(self, envs: VectorEnv, seed: int, max_episode_history: int = 10_000) -> None:
-        """Create the collector; the envs are reset with ``seed`` on the first rollout."""
+    def __init__(
+        self,
+        envs: VectorEnv,
+        seed: int,
+        max_episode_history: int = 10_000,
+        anchor_key: Callable[[Any], Hashable] | None = None,
+    ) -> None:
+        """Create the collector; the envs are reset with ``seed`` on the first rollout.
+
+        With ``anchor_key``, each turn records the anchor key of the observation it answered
+        (GiGPO's step groups, the novelty bonus's counts).
+        """
         self.envs = envs
+        self.anchor_key = anchor_key
         self.seed = seed
         self.mode = autoreset_mode(envs)
         n = envs.num_envs
@@ -189,6 +201,8 @@ class RolloutCollector:
                     turn.value = float(generation.values[k])
             if turn.truncated:
                 turn.bootstrap_ids = policy.encode(step.final_observation(i))
+            if self.anchor_key is not None:
+                turn.anchor = self.anchor_key(seen[k])
             self._annotate(turn, i, seen[k])
             buffer.add(i, turn)
             self.tally.add(i, turn.reward, turn.invalid)

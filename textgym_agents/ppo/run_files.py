@@ -93,6 +93,8 @@ def write_checkpoint(
         "nonfinite_streak": trainer.nonfinite_streak,
         "nonfinite_total": trainer.nonfinite_total,
     }
+    if trainer.novelty is not None:
+        state["visit_counts"] = trainer.novelty.state()
     json_files = {"trainer_state": state, "optimizer": optimizer_meta, "rng": rng_meta}
     tensors = {"optimizer": optimizer_tensors, "rng": rng_tensors}
     if boundary["envs"] is not None:
@@ -141,6 +143,8 @@ def restore_checkpoint(trainer: PPOTrainer, process: Distributed, path: str | Pa
     trainer.kl_ctl.value = float(state["kl_coef"])
     trainer.nonfinite_streak = int(state.get("nonfinite_streak", 0))
     trainer.nonfinite_total = int(state.get("nonfinite_total", 0))
+    if trainer.novelty is not None:
+        trainer.novelty.load_state(state.get("visit_counts", []))
     rank = process.rank
     own = {"rng": files["rng"], "numpy_rng": state["numpy_rng"], "envs": files.get("envs")}
     if rank:

@@ -18,7 +18,7 @@ import torch
 
 from textgym_agents.ppo import core
 from textgym_agents.ppo.config import PPOConfig
-from textgym_agents.ppo.groups import GroupRolloutCollector
+from textgym_agents.ppo.groups import GroupRolloutCollector, default_anchor
 from textgym_agents.ppo.rollout import RolloutCollector
 
 __all__ = ["make_collector", "make_kl_controller", "make_optimizer", "scale_learning_rates"]
@@ -36,6 +36,8 @@ def make_collector(
     seed = process.seed(config.seed, stride)
     if config.group_size > 1:
         return GroupRolloutCollector(envs, seed, config.group_size, anchor_key=anchor_key)
+    if config.novelty_bonus > 0:  # counts need each turn's anchor
+        return RolloutCollector(envs, seed, anchor_key=anchor_key or default_anchor)
     return RolloutCollector(envs, seed)
 
 

@@ -29,6 +29,7 @@ from textgym_agents.memory import release_memory
 from textgym_agents.ppo import core
 from textgym_agents.ppo.buffer import RolloutBuffer, Turn
 from textgym_agents.ppo.estimators import assign_critic_free
+from textgym_agents.ppo.novelty import VisitCounts
 from textgym_agents.ppo.rollout import as_vector_env, cap_episode_turns
 from textgym_agents.ppo.run import TrainingRun
 from textgym_agents.ppo.setup import (
@@ -138,6 +139,8 @@ class PPOTrainer:
             self.collector = make_collector(self.envs, config, process, anchor_key)
         self.optimizer = make_optimizer(policy, config)
         self.kl_ctl = make_kl_controller(config)
+        # The novelty bonus's visit counts (config.novelty_bonus), kept by checkpoints.
+        self.novelty = VisitCounts(config.novelty_bonus) if config.novelty_bonus > 0 else None
         self.rng = np.random.default_rng(process.seed(config.seed))
         # The main process's choice (a default name holds the time), so all agree on files.
         output_dir = process.broadcast_text(None if output_dir is None else str(output_dir))
@@ -211,6 +214,8 @@ class PPOTrainer:
         release_memory()  # the update's activations, freed between live blocks (memory.py)
         update_s = time.perf_counter() - start
         stats["train/trained_turns"] = self.process.sum([len(trained)])[0]
+        if self.novelty is not None:
+            stats["train/novelty_bonus"] = float(np.mean([t.bonus for t in turns]))
         metrics = self._update_metrics(turns, episodes or [], stats, score_s, update_s)
         buffer.clear()
         for callback in self.callbacks:  # before the driver logs: they may add metrics
@@ -282,6 +287,8 @@ class PPOTrainer:
         """
         config = self.config
         beta = float(self.kl_ctl.value)
+        if self.novelty is not None:
+            self.novelty.assign(buffer.episodes())
         if not config.uses_critic:
             if self._uses_kl:  # else every turn's KL is 0 (its reference is itself)
                 buffer.compute_kl(config.kl_estimator)
