@@ -91,7 +91,7 @@ class ToolEnv:
         Args:
             **kwargs: A dataset row (TRL passes the whole row). ``seed`` and ``options`` go to
                 ``env.reset``; when ``prompt`` already holds a system message (see
-                ``textgym_agents.trl_env.grpo_dataset``), only the observation is returned.
+                ``textgym_agents.trl_grpo.grpo_dataset``), only the observation is returned.
         """
         seed = kwargs.get("seed")
         self.seed = None if seed is None else int(seed)

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from textgym_agents.ppo.config import PPOConfig
     from textgym_agents.ppo.trainer import PPOTrainer
     from textgym_agents.sft import sft_warm_start
-    from textgym_agents.trl_env import grpo_dataset, with_tool_template
+    from textgym_agents.trl_grpo import grpo_dataset, with_tool_template
 
 _EXPORTS = {
     "Agent": "textgym_agents.agent",
@@ -47,9 +47,9 @@ _EXPORTS = {
     "SIGTERMExit": "textgym_agents.exceptions",
     "Turn": "textgym_agents.ppo.buffer",
     "evaluate": "textgym_agents.evaluation",
-    "grpo_dataset": "textgym_agents.trl_env",
+    "grpo_dataset": "textgym_agents.trl_grpo",
     "sft_warm_start": "textgym_agents.sft",
-    "with_tool_template": "textgym_agents.trl_env",
+    "with_tool_template": "textgym_agents.trl_grpo",
 }
 
 __all__ = [

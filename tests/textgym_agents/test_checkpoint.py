@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import signal
@@ -371,3 +372,17 @@ def test_random_sigkill_during_large_saves_leaves_a_loadable_checkpoint(tmp_path
         assert step > last_step
         last_step = step
         assert len(list_checkpoints(run)) <= 3  # keep=2, plus one mid-prune at worst
+
+
+def test_a_failed_prune_of_an_old_checkpoint_is_a_warning(tmp_path, monkeypatch, caplog):
+    for step in (1, 2):
+        save_checkpoint(tmp_path, step, json_files={"trainer": {"step": step}}, keep=2)
+
+    def busy(path):
+        raise OSError(16, "Device or resource busy", str(path))
+
+    monkeypatch.setattr("textgym_agents.checkpoint._delete_checkpoint", busy)
+    with caplog.at_level(logging.WARNING):
+        path = save_checkpoint(tmp_path, 3, json_files={"trainer": {"step": 3}}, keep=2)
+    assert path.name == "step_00000003" and list_checkpoints(tmp_path)[-1] == path
+    assert "Could not remove the old checkpoint" in caplog.text

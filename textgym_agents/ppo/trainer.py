@@ -32,7 +32,7 @@ from textgym_agents.ppo.estimators import assign_critic_free
 from textgym_agents.ppo.novelty import VisitCounts
 from textgym_agents.ppo.rollout import as_vector_env, cap_episode_turns
 from textgym_agents.ppo.run import TrainingRun
-from textgym_agents.ppo.setup import (
+from textgym_agents.ppo.assembly import (
     make_collector,
     make_kl_controller,
     make_optimizer,

@@ -17,7 +17,7 @@ from trl.chat_template_utils import (
 
 import textgym
 from textgym_agents.testing import load_tokenizer, tiny_model
-from textgym_agents.trl_env import grpo_dataset, with_tool_template
+from textgym_agents.trl_grpo import grpo_dataset, with_tool_template
 
 ENV_ID = "textgym/Blackjack-v1"
 SEED = 0
