@@ -25,7 +25,7 @@ import gymnasium as gym
 
 import textgym
 from textgym.envs.minigrid_text import ACTION_NAMES, BABYAI_LEVELS
-from textgym.evaluation import evaluate_callable
+from textgym.evaluation import evaluate
 
 
 def random_policy(choices: list[str], seed: int):
@@ -39,7 +39,7 @@ def baseline(env_id: str, episodes: int, seed: int, **kwargs: Any) -> dict[str, 
     choices = textgym.reply_choices(env)
     assert choices, f"{env_id} has no fixed set of replies"
     start = time.perf_counter()
-    result = evaluate_callable(random_policy(choices, seed), env, episodes, seed=seed)
+    result = evaluate(random_policy(choices, seed), env, episodes, seed=seed)
     env.close()
     p = result.success_rate
     return {

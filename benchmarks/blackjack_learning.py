@@ -27,9 +27,9 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-import textgym  # noqa: F401
+import textgym
 from textgym.checker import find_text_wrapper
-from textgym_agents import Generation, PPOConfig, PPOPolicy, evaluate
+from textgym_agents import PPOConfig, PPOPolicy, evaluate
 from textgym_agents.tracking.plotting import plot_learning_curves
 
 try:
@@ -123,18 +123,14 @@ def print_hit_map(name: str, table: dict[int, tuple[float, float]]) -> None:
     print("  " + " ".join(f"{p:>4.2f}"[-4:] for _, p in table.values()), flush=True)
 
 
-class Scripted:
+class Scripted(textgym.PolicyBase):
     """A policy from a function of the game state, evaluated exactly like the model."""
 
     def __init__(self, choose, seed: int = 0) -> None:
         self.choose, self.rng = choose, np.random.default_rng(seed)
 
-    def encode(self, messages):
-        return [0]
-
-    def generate(self, batch, greedy=True):
-        texts = [f'{{"action": "{self.choose(read_state(m), self.rng)}"}}' for m in batch]
-        return Generation([[0]] * len(batch), [[0]] * len(batch), texts)
+    def act_batch(self, batch, *, choices=None, schemas=None, greedy=False):
+        return [f'{{"action": "{self.choose(read_state(m), self.rng)}"}}' for m in batch]
 
 
 def main() -> None:

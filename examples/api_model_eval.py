@@ -12,7 +12,7 @@ A policy is any callable ``messages -> reply text``, and the loop is the plain G
         reply = policy(messages)                       # chat API, function, person...
         messages, reward, terminated, truncated, info = env.step(reply)
 
-``textgym.evaluate_callable`` runs it over N seeded episodes and reports the mean return, the
+``textgym.evaluate`` runs it over N seeded episodes and reports the mean return, the
 invalid-reply rate and (where the env reports it) the success rate. The API policy,
 ``textgym.ChatCompletionsPolicy``, needs only the standard library: it POSTs the messages to
 ``{base_url}/chat/completions`` (OpenAI, vLLM, llama.cpp's server, Ollama, ...), with the base
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         )
 
     try:
-        result = textgym.evaluate_callable(
+        result = textgym.evaluate(
             show_turns(policy) if args.verbose else policy,
             env,
             args.episodes,

@@ -3,7 +3,7 @@
 from textgym.chat_api import ChatAPIError, ChatCompletionsPolicy
 from textgym.checker import check_text_env
 from textgym.episodes import Episode, Step, reply_choices, reply_schemas, run_episodes
-from textgym.evaluation import Evaluation, evaluate_callable
+from textgym.evaluation import Evaluation, evaluate
 from textgym.formatters import Formatter, FunctionFormatter, GenericFormatter, TemplateFormatter
 from textgym.parsers import ActionParseError, ActionParser, FunctionParser, JSONActionParser
 from textgym.policy import CallablePolicy, Policy, PolicyBase, as_policy
@@ -38,7 +38,7 @@ __all__ = [
     "UnicodeText",
     "as_policy",
     "check_text_env",
-    "evaluate_callable",
+    "evaluate",
     "make_text_env",
     "record_trajectories",
     "register",

@@ -1,28 +1,31 @@
-"""Evaluate a policy on a text env: :func:`evaluate_callable` and its :class:`Evaluation` result.
+"""Evaluate a policy on a text env: :func:`evaluate` and its :class:`Evaluation` result.
 
-Any :class:`~textgym.policy.Policy` or plain ``messages -> reply`` callable (a function, a
-scripted bot, :class:`~textgym.chat_api.ChatCompletionsPolicy`) plays through the episode runner.
+Any :class:`~textgym.policy.Policy` (a trained model, an API model) or plain
+``messages -> reply`` callable (a function, a scripted bot) plays through the episode runner.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
+from gymnasium.vector import VectorEnv
 
+from textgym.env_records import prompt_difference
 from textgym.episodes import Episode, run_episodes
-from textgym.policy import Policy, as_policy
+from textgym.policy import CallablePolicy, Policy, as_policy
 from textgym.wrappers import Messages
 
-__all__ = ["Episode", "Evaluation", "evaluate_callable"]
+__all__ = ["Episode", "Evaluation", "evaluate", "warn_if_prompt_differs"]
 
 
 @dataclass(frozen=True, eq=False)
 class Evaluation(Mapping[str, Any]):
-    """Summary of played episodes: what :func:`evaluate_callable` and ``evaluate`` return.
+    """Summary of played episodes: what :func:`evaluate` returns.
 
     As a mapping it is the summary of :meth:`as_dict` (``result["mean_return"]``,
     ``result.get("success_rate")``, ``{**result}``), where ``"episodes"`` is the count.
@@ -103,46 +106,132 @@ class Evaluation(Mapping[str, Any]):
         return text
 
 
-def evaluate_callable(
+def evaluate(
     policy: Policy | Callable[[Messages], str],
-    env: gym.Env[Messages, str],
-    n_episodes: int = 10,
+    env: gym.Env[Any, Any] | VectorEnv,
+    n_episodes: int = 100,
     *,
+    greedy: bool = True,
     seed: int = 0,
-    max_steps: int = 1000,
+    num_envs: int = 16,
+    max_steps: int | None = 1000,
     on_episode: Callable[[Episode], None] | None = None,
 ) -> Evaluation:
-    """Play ``n_episodes`` with ``policy`` on a text env and summarise them.
+    """Play ``n_episodes`` episodes with ``policy`` on a text env and summarise them.
 
-    Each step is ``reply = policy(messages)``; ``env.step(reply)``. The policy sees the same
-    prompt a trained model sees; its reply is untrusted text the env parses.
+    The one evaluator, for every kind of policy: a trained ``textgym_agents.PPOPolicy``, an
+    ``Agent``, an API model (:class:`~textgym.chat_api.ChatCompletionsPolicy`), a scripted bot
+    or any callable ``messages -> reply``. The policy sees the prompt a trained model sees; its
+    reply is untrusted text the env parses.
+
+    A single env is the env played: episode ``k`` resets with ``seed + k``, and to batch the
+    policy's calls the episodes are shared between it and up to ``num_envs - 1`` copies made
+    from its spec (``gym.make(env.spec)``), so the episodes and the result do not depend on
+    ``num_envs``; a plain callable (one reply per call) plays them one after another on the
+    env passed, as the plain ``env.step`` loop does. An env that cannot be copied (a wrapper
+    whose arguments its spec does not record) plays every episode itself, with a warning. A
+    vector env is used as it is (reset once with ``seed``; env ``i`` contributes a fixed share
+    of the episodes, as in stable-baselines3's ``evaluate_policy``). A policy that records the
+    env it was trained on (``trained_env``) gets a warning when this env prompts otherwise.
 
     Args:
-        policy: A :class:`~textgym.policy.Policy` or any callable from chat messages to reply
-            text (a function, a scripted bot, :class:`~textgym.chat_api.ChatCompletionsPolicy`).
-        env: A text env.
-        n_episodes: Episodes to play; episode i resets with ``seed + i``.
+        policy: A :class:`~textgym.policy.Policy` or a callable ``messages -> reply``.
+        env: A text env or text vector env.
+        n_episodes: Episodes to play.
+        greedy: Ask the policy for its most likely reply (else a sampled one).
         seed: Seed of the first episode.
-        max_steps: Replies after which an episode without an end is stopped (counted as
-            truncated); guards against envs without a time limit.
+        num_envs: Most episodes of a single env played at once.
+        max_steps: Replies after which an episode of a single env is stopped (counted as
+            truncated); guards against envs without a time limit. Vector envs need a time
+            limit of their own.
         on_episode: Called with each finished :class:`Episode` (progress, logging).
 
     Returns:
-        The :class:`Evaluation`.
+        The :class:`Evaluation`, episodes in the order of their seeds.
 
     Example:
         >>> import textgym
         >>> env = gym.make("textgym/Blackjack-v1")
-        >>> result = evaluate_callable(lambda messages: '{"action": "stick"}', env, 4)
+        >>> result = evaluate(lambda messages: '{"action": "stick"}', env, 4)
         >>> result.mean_return, result.invalid_rate, result.success_rate
         (0.0, 0.0, 0.5)
         >>> print(result)
         4 episodes: return +0.000 ± 1.000, length 1.00, invalid replies 0.0%, success 50.0%
+        >>> evaluate(lambda m: '{"action": "stick"}', env, 4, num_envs=1).episodes == (
+        ...     result.episodes)  # the same episodes, however many play at once
+        True
     """
+    if not (isinstance(n_episodes, int) and not isinstance(n_episodes, bool) and n_episodes >= 1):
+        raise ValueError(f"Expected n_episodes to be an int >= 1, got {n_episodes!r}")
+    if not (isinstance(num_envs, int) and not isinstance(num_envs, bool) and num_envs >= 1):
+        raise ValueError(f"Expected num_envs to be an int >= 1, got {num_envs!r}")
+    warn_if_prompt_differs(policy, env, stacklevel=3)
     actor = as_policy(policy)
+    vector = isinstance(env, VectorEnv)
+    # A plain callable answers one conversation per call: copies would only reorder its calls.
+    batched = not isinstance(actor, CallablePolicy)
+    lanes = env if vector else _lanes(env, min(num_envs, n_episodes) if batched else 1)
     episodes = []
-    for episode in run_episodes(actor, env, n_episodes, seed=seed, max_steps=max_steps):
-        episodes.append(episode)
-        if on_episode is not None:
-            on_episode(episode)
-    return Evaluation.from_episodes(sorted(episodes, key=lambda e: e.index))
+    try:
+        steps = None if vector else max_steps
+        for episode in run_episodes(actor, lanes, n_episodes, seed=seed, greedy=greedy,
+                                    max_steps=steps):  # fmt: skip
+            episodes.append(episode)
+            if on_episode is not None:
+                on_episode(episode)
+    finally:
+        if not vector:
+            for copy in lanes[1:]:
+                copy.close()
+    order = (lambda e: (e.env_index, e.index)) if vector else (lambda e: e.index)
+    return Evaluation.from_episodes(sorted(episodes, key=order))
+
+
+def _lanes(env: gym.Env[Any, Any], count: int) -> list[gym.Env[Any, Any]]:
+    """``env`` and ``count - 1`` copies made from its spec (just ``env`` if it has none)."""
+    lanes = [env]
+    spec = getattr(env, "spec", None)
+    if count <= 1 or spec is None:
+        return lanes
+    try:
+        for _ in range(count - 1):
+            lanes.append(gym.make(spec))
+    except Exception as error:  # noqa: BLE001 - any failure: play on the env passed alone
+        for copy in lanes[1:]:
+            copy.close()
+        warnings.warn(
+            f"Could not copy the env from its spec to play {count} episodes at once "
+            f"({type(error).__name__}: {error}); the env passed plays them one at a time",
+            UserWarning,
+            stacklevel=3,
+        )
+        return [env]
+    return lanes
+
+
+def warn_if_prompt_differs(policy: Any, env: Any, stacklevel: int = 2) -> str | None:
+    """Warn when ``env`` prompts otherwise than the env ``policy`` was trained on.
+
+    A policy tuned under one system prompt (or one set of action instructions) can fail under
+    another: the calculator policy that solved 67.5% with its training prompt solved 0% under
+    the registered default. Uses the policy's ``trained_env`` record (kept by training and
+    ``save()``); silent for policies without one.
+
+    Returns:
+        The warning's text, or None when nothing differs (or nothing is known).
+    """
+    record = getattr(policy, "trained_env", None)
+    if not isinstance(record, Mapping):
+        return None
+    difference = prompt_difference(record, env)
+    if difference is None:
+        return None
+    spec = getattr(env, "spec", None)
+    message = (
+        f"The evaluation env ({spec.id if spec is not None else 'no id'}) is not the one this "
+        f"policy was trained on ({record.get('id')}): {difference}. Evaluate on the training env "
+        "(`textgym eval RUN` rebuilds it; in Python textgym.env_records.make_recorded_env("
+        "policy.trained_env)) unless the change is what you are testing"
+    )
+    warnings.warn(message, UserWarning, stacklevel=stacklevel)
+    return message

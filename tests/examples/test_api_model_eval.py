@@ -87,7 +87,7 @@ def test_api_model_through_a_local_server_evaluates_like_the_function():
         args = ["--base-url", server.base_url, "--model", "stub-model", "--api-key", "sk-test"]
         result = run(*args, "--episodes", "3", "--seed", "5")
     assert result.returncode == 0, result.stderr
-    expected = textgym.evaluate_callable(hesitant_stick(), gym.make(BLACKJACK), 3, seed=5)
+    expected = textgym.evaluate(hesitant_stick(), gym.make(BLACKJACK), 3, seed=5)
     assert expected.invalid_rate == 0.25  # one invalid reply in 4
     assert result.stdout.splitlines() == [
         f"stub-model at {server.base_url}/chat/completions on {BLACKJACK}",
@@ -159,15 +159,13 @@ def test_basic_strategy_reads_the_hand_from_the_text():
         messages = [{"role": "user", "content": describe(state, {})}]
         assert example.basic_strategy(messages) == f'{{"action": "{action}"}}', state
     env = gym.make(BLACKJACK)
-    basic = textgym.evaluate_callable(example.basic_strategy, env, 300)
-    stick = textgym.evaluate_callable(example.always_stick, env, 300)
+    basic = textgym.evaluate(example.basic_strategy, env, 300)
+    stick = textgym.evaluate(example.always_stick, env, 300)
     assert basic.invalid_rate == 0.0 and basic.mean_return > stick.mean_return
 
 
 def test_plain_function_policy_from_the_command_line():
     result = run("--policy", "basic-strategy", "--episodes", "50", "--seed", "100")
     assert result.returncode == 0, result.stderr
-    expected = textgym.evaluate_callable(
-        load_example().basic_strategy, gym.make(BLACKJACK), 50, seed=100
-    )
+    expected = textgym.evaluate(load_example().basic_strategy, gym.make(BLACKJACK), 50, seed=100)
     assert result.stdout.splitlines() == [f"basic strategy on {BLACKJACK}", str(expected)]

@@ -6,8 +6,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import gymnasium as gym
 import pytest
 
-import textgym  # noqa: F401  (registers the textgym/ ids)
-from textgym import ChatAPIError, ChatCompletionsPolicy, Episode, TextEnvWrapper, evaluate_callable
+import textgym  # registers the textgym/ ids
+from textgym import ChatAPIError, ChatCompletionsPolicy, Episode, TextEnvWrapper, evaluate
 
 LAKE_PATH = ["right", "right", "down", "down", "down", "right"]
 
@@ -60,9 +60,9 @@ def scripted(replies):
     return lambda messages: replies[next(calls) % len(replies)]
 
 
-def test_evaluate_callable_is_the_plain_step_loop():
+def test_a_callable_is_evaluated_as_the_plain_step_loop():
     replies = ["hit", "I'd rather not say", '{"action": "stick"}']
-    result = evaluate_callable(scripted(replies), gym.make("textgym/Blackjack-v1"), 5, seed=3)
+    result = evaluate(scripted(replies), gym.make("textgym/Blackjack-v1"), 5, seed=3)
 
     policy, env, expected = scripted(replies), gym.make("textgym/Blackjack-v1"), []
     for seed in range(3, 8):
@@ -83,19 +83,19 @@ def test_evaluate_callable_is_the_plain_step_loop():
 
 
 def test_success_rate_only_where_the_env_reports_it():
-    lake = evaluate_callable(
+    lake = evaluate(
         scripted([f'{{"action": "{move}"}}' for move in LAKE_PATH]),
         gym.make("textgym/FrozenLake-v1", is_slippery=False),
         2,
     )
     assert (lake.success_rate, lake.mean_return, lake.mean_length) == (1.0, 1.0, 6.0)
-    cart = evaluate_callable(lambda m: "0", TextEnvWrapper(gym.make("CartPole-v1")), 2)
+    cart = evaluate(lambda m: "0", TextEnvWrapper(gym.make("CartPole-v1")), 2)
     assert cart.success_rate is None and "success" not in str(cart)
 
 
 def test_max_steps_stops_endless_episodes_and_on_episode_sees_each():
     seen = []
-    result = evaluate_callable(
+    result = evaluate(
         lambda m: "0.5", gym.make("textgym/Pendulum-v1"), 3, max_steps=4, on_episode=seen.append
     )
     assert seen == result.episodes
@@ -116,7 +116,7 @@ def test_max_steps_stops_endless_episodes_and_on_episode_sees_each():
 )
 def test_bad_arguments(policy, kwargs, error, message):
     with pytest.raises(error, match=message):
-        evaluate_callable(policy, gym.make("textgym/Blackjack-v1"), **kwargs)
+        evaluate(policy, gym.make("textgym/Blackjack-v1"), **kwargs)
 
 
 def test_chat_completions_policy_sends_the_prompt_and_plays():
@@ -128,7 +128,7 @@ def test_chat_completions_policy_sends_the_prompt_and_plays():
             "lake-model", server.base_url, api_key="sk-test", extra_body={"seed": 7}
         )
         env = gym.make("textgym/FrozenLake-v1", is_slippery=False)
-        result = evaluate_callable(policy, env, 1)
+        result = evaluate(policy, env, 1)
     assert (result.success_rate, result.invalid_rate, result.mean_length) == (1.0, 0.0, 6.0)
     path, headers, body = server.requests[0]
     assert path == "/v1/chat/completions"
@@ -195,3 +195,53 @@ def test_unreachable_server():
 def test_bad_policy_settings(kwargs, message):
     with pytest.raises(ValueError, match=message):
         ChatCompletionsPolicy(**{"model": "m", **kwargs})
+
+
+class StickOnHighTotals(textgym.PolicyBase):
+    """A batched policy whose reply depends only on the prompt, recording ``greedy``."""
+
+    def __init__(self):
+        self.batches, self.greedy = [], []
+
+    def act_batch(self, batch, *, choices=None, schemas=None, greedy=False):
+        self.batches.append(len(batch))
+        self.greedy.append(greedy)
+        return ['{"action": "hit"}' if "12" in m[-1]["content"] else '{"action": "stick"}'
+                for m in batch]  # fmt: skip
+
+
+def test_results_do_not_depend_on_how_many_envs_play_the_episodes():
+    env = gym.make("textgym/Blackjack-v1")
+    one, many = StickOnHighTotals(), StickOnHighTotals()
+    alone = evaluate(one, env, 12, seed=5, num_envs=1)
+    batched = evaluate(many, env, 12, seed=5, num_envs=4)
+    assert [(e.seed, e.episode_return, e.length) for e in alone.episodes] == [
+        (e.seed, e.episode_return, e.length) for e in batched.episodes
+    ]
+    assert max(one.batches) == 1 and max(many.batches) == 4  # the model's calls were batched
+    assert set(one.greedy) == {True}  # greedy unless asked to sample
+    evaluate(one, env, 2, greedy=False)
+    assert one.greedy[-1] is False
+
+
+class Counting(gym.Wrapper):
+    """Counts the resets of the env it wraps; not copyable from a spec (no recorded args)."""
+
+    def __init__(self, env):
+        super().__init__(env)
+        self.resets = 0
+
+    def reset(self, **kwargs):
+        self.resets += 1
+        return super().reset(**kwargs)
+
+
+def test_the_env_passed_is_played_and_one_that_cannot_be_copied_plays_them_all():
+    env = Counting(gym.make("textgym/Blackjack-v1"))
+    with pytest.warns(UserWarning, match="the env passed plays them one at a time"):
+        result = evaluate(StickOnHighTotals(), env, 5, num_envs=4)
+    assert env.resets == 5 and len(result.episodes) == 5
+    copyable = gym.make("textgym/Blackjack-v1")
+    shared = evaluate(StickOnHighTotals(), copyable, 8, num_envs=4)
+    assert len(shared.episodes) == 8 and {e.seed for e in shared.episodes} == set(range(8))
+    assert copyable.unwrapped.np_random_seed in range(8)  # it played some of them itself

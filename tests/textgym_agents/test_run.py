@@ -5,7 +5,7 @@ import gymnasium as gym
 import pytest
 import torch
 
-import textgym  # noqa: F401
+import textgym
 from textgym_agents import PPOConfig, PPOPolicy, PPOTrainer, evaluate
 from textgym_agents.checkpoint import latest_checkpoint
 from textgym_agents.testing import tiny_model
@@ -166,24 +166,18 @@ def test_evaluate_counts_exact_episodes_and_rates(tmp_path):
     assert vector["episodes"] == 7
 
 
-class ScriptedCalculatorPolicy:
-    """Anything with generate() and encode() can be evaluated: here, a scripted tool user."""
+class ScriptedCalculatorPolicy(textgym.PolicyBase):
+    """Any textgym Policy (act_batch) can be evaluated: here, a scripted tool user."""
 
     def __init__(self, replies):
         self.replies = replies
-        self.calls = 0
 
-    def encode(self, messages):
-        return [len(messages)]
-
-    def generate(self, batch, greedy=True):
-        from textgym_agents import Generation
-
-        texts = []
+    def act_batch(self, batch, *, choices=None, schemas=None, greedy=False):
+        replies = []
         for messages in batch:
             question = messages[1]["content"].removeprefix("What is ").rstrip("?")
-            texts.append(self.replies(question, messages[-1]["content"]))
-        return Generation([[1]] * len(batch), [[2]] * len(batch), texts)
+            replies.append(self.replies(question, messages[-1]["content"]))
+        return replies
 
 
 def test_evaluate_success_rate_when_env_reports_it():

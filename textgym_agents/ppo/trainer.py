@@ -27,17 +27,17 @@ from textgym_agents.exceptions import NonFiniteUpdateError
 from textgym_agents.gradient_checkpointing import enable_gradient_checkpointing
 from textgym_agents.memory import release_memory
 from textgym_agents.ppo import core
-from textgym_agents.ppo.buffer import RolloutBuffer, Turn
-from textgym_agents.ppo.estimators import assign_critic_free
-from textgym_agents.ppo.novelty import VisitCounts
-from textgym_agents.ppo.rollout import as_vector_env, cap_episode_turns
-from textgym_agents.ppo.run import TrainingRun
 from textgym_agents.ppo.assembly import (
     make_collector,
     make_kl_controller,
     make_optimizer,
     scale_learning_rates,
 )
+from textgym_agents.ppo.buffer import RolloutBuffer, Turn
+from textgym_agents.ppo.estimators import assign_critic_free
+from textgym_agents.ppo.novelty import VisitCounts
+from textgym_agents.ppo.rollout import as_vector_env, cap_episode_turns
+from textgym_agents.ppo.run import TrainingRun
 from textgym_agents.ppo.steps import (
     STEP_STATS,
     VALUE_STATS,
