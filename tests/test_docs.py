@@ -125,3 +125,15 @@ def test_module_path_pattern():
         "textgym_agents/ppo/",
         "textgym_agents/ppo/run.py",
     ]
+
+
+def test_the_settings_reference_in_the_training_guide_is_the_generated_one():
+    from textgym_agents.cli.config import default_text
+    from textgym_agents.ppo.config import config_reference
+
+    text = (ROOT / "docs" / "training.md").read_text()
+    block = text.split("<!-- settings:start -->\n")[1].split("<!-- settings:end -->")[0]
+    assert block == config_reference(default_text), (
+        "regenerate the block of docs/training.md between the settings markers from "
+        "config_reference(textgym_agents.cli.config.default_text)"
+    )

@@ -26,6 +26,7 @@ __all__ = [
     "TRAIN_FILE_KEYS",
     "add_config_flags",
     "check_values",
+    "default_text",
     "flag_values",
     "read_config_file",
 ]
@@ -68,7 +69,8 @@ def _describe(hint: Any) -> str:
     return f"{text} or none" if optional else text
 
 
-def _default_text(field: dataclasses.Field[Any]) -> str:
+def default_text(field: dataclasses.Field[Any]) -> str:
+    """A field's default as ``textgym train`` sets it, in words where it depends on the env."""
     if field.name in ENV_DEFAULT_NOTES:
         return ENV_DEFAULT_NOTES[field.name]
     if field.name in QUICK_DEFAULTS:
@@ -106,15 +108,22 @@ def add_config_flags(parser: argparse.ArgumentParser, config_cls: type) -> None:
     Flags default to "not given" (``argparse.SUPPRESS``), so :func:`flag_values` returns only
     what was typed and a config file or the env defaults decide the rest.
     """
-    group = parser.add_argument_group(
+    parser.add_argument_group(
         f"{config_cls.__name__} settings",
-        "Every field of the training config; flags override --config FILE, which overrides\n"
-        "these defaults. Values: numbers, true/false (or --flag/--no-flag), none for optional\n"
-        "ones, lists as several words (--stop-strings '\"' '}').",
+        "Every field of the training config, in the groups below; flags override --config\n"
+        "FILE, which overrides these defaults. Values: numbers, true/false (or --flag/\n"
+        "--no-flag), none for optional ones, lists as several words (--stop-strings '\"' '}').",
     )
+    sections = getattr(config_cls, "sections", dict)()
+    section_of = {name: title for title, names in sections.items() for name in names}
+    groups: dict[str, argparse._ArgumentGroup] = {}
     for field, hint in _fields(config_cls):
+        title = section_of.get(field.name, "other")
+        if title not in groups:
+            groups[title] = parser.add_argument_group(f"{config_cls.__name__}: {title}")
+        group = groups[title]
         inner, optional = _split_optional(hint)
-        help_text = f"{field.metadata.get('help', '')} (default: {_default_text(field)})"
+        help_text = f"{field.metadata.get('help', '')} (default: {default_text(field)})"
         kwargs: dict[str, Any] = {
             "dest": FLAG_PREFIX + field.name,
             "default": argparse.SUPPRESS,

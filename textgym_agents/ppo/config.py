@@ -13,12 +13,25 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ESTIMATORS", "GROUP_ESTIMATORS", "PPOConfig"]
+__all__ = ["ESTIMATORS", "GROUP_ESTIMATORS", "SECTIONS", "PPOConfig", "config_reference"]
 
 ESTIMATORS = ("gae", "grpo", "rloo", "gigpo", "reinforce")
 """Values of ``PPOConfig.advantage_estimator``."""
 GROUP_ESTIMATORS = ("grpo", "rloo", "gigpo")
 """Estimators that compare the episodes of a seed-shared group (``group_size >= 2``)."""
+
+
+SECTIONS = (
+    ("Generation and decoding", "max_new_tokens"),
+    ("Speed switches", "reuse_rollout_scores"),
+    ("Rollout engine", "rollout_engine"),
+    ("Rollout", "num_steps"),
+    ("Advantage estimator", "advantage_estimator"),
+    ("PPO update", "learning_rate"),
+    ("KL penalty", "kl_coef"),
+    ("Run", "seed"),
+)
+"""``PPOConfig``'s fields in groups: each group's title and its first field (in field order)."""
 
 
 def _help(default: Any, text: str) -> Any:
@@ -378,6 +391,48 @@ class PPOConfig:
     def help() -> dict[str, str]:
         """Return the help text of every field."""
         return {f.name: f.metadata.get("help", "") for f in dataclasses.fields(PPOConfig)}
+
+    @staticmethod
+    def sections() -> dict[str, list[str]]:
+        """The field names of each group of :data:`SECTIONS`, in field order.
+
+        Example:
+            >>> PPOConfig.sections()["KL penalty"][:2]
+            ['kl_coef', 'adaptive_kl']
+        """
+        starts = {first: title for title, first in SECTIONS}
+        groups: dict[str, list[str]] = {}
+        title = SECTIONS[0][0]
+        for f in dataclasses.fields(PPOConfig):
+            title = starts.get(f.name, title)
+            groups.setdefault(title, []).append(f.name)
+        return groups
+
+
+def config_reference(default_text: Any = None) -> str:
+    """Markdown tables of every ``PPOConfig`` field by group: name, default and help.
+
+    ``default_text(field)`` words a field's default as ``textgym train`` and
+    :meth:`PPOConfig.for_env` set it; where that differs from ``PPOConfig()``'s, both are
+    shown. docs/training.md holds this text (tested).
+    """
+    fields = {f.name: f for f in dataclasses.fields(PPOConfig)}
+    plain = PPOConfig().to_dict()
+
+    def default_of(f: dataclasses.Field[Any]) -> str:
+        bare = repr(plain[f.name])
+        given = default_text(f) if default_text is not None else bare
+        return given if given == bare else f"{given} (`PPOConfig()`: {bare})"
+
+    lines: list[str] = []
+    for title, names in PPOConfig.sections().items():
+        lines += [f"**{title}**", "", "| setting | default | what it does |", "|---|---|---|"]
+        for name in names:
+            text = fields[name].metadata.get("help", "").replace("|", "\\|")
+            default = default_of(fields[name]).replace("|", "\\|")
+            lines.append(f"| `{name}` | {default} | {text} |")
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
 
 
 def _integer(value: Any) -> bool:
