@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from textgym_agents import PPOConfig
-from textgym_agents.checkpoint import latest_checkpoint
+from textgym_agents.runfiles.checkpoint import latest_checkpoint
 from textgym_agents.tracking.metrics_log import read_metrics
 
 

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorList
 
 from textgym_agents import PPOConfig, PPOPolicy
-from textgym_agents.models import embedded_model_dir
+from textgym_agents.model.loading import embedded_model_dir
 
 TARGET = 0.5
 PROMPT = [{"role": "user", "content": "Tell me a long story about a dragon and a knight."}]

@@ -49,7 +49,7 @@ WARMUP = SAVE_EVERY * (KEEP + 1)  # the update from which the run directory stop
 
 def rss_mb() -> float:
     """The resident set size of this process in MB (``VmRSS``)."""
-    from textgym_agents.memory import resident_kb
+    from textgym_agents.model.memory import resident_kb
 
     return resident_kb() / 1024
 

@@ -6,7 +6,7 @@ the speed switches:
 
 - before: float32, a separate scoring pass before every update (reuse_rollout_scores=False),
   transformers' sdpa attention (gqa_attention=False);
-- now:    dtype "auto" (bf16 where this machine runs it fast, see textgym_agents.precision),
+- now:    dtype "auto" (bf16 where this machine runs it fast, see textgym_agents.model.precision),
   the rollout's choice log-probs and values reused, sdpa_gqa attention, and on a bf16 base
   the LoRA products in bf16 too (mixed_precision);
 - lora32:  "now" with the LoRA products in fp32 (mixed_precision=False; the same as "now" where
@@ -34,8 +34,8 @@ import torch
 import textgym  # noqa: F401
 from textgym.cli_common import reply_choices
 from textgym_agents import PPOConfig, PPOPolicy, PPOTrainer
+from textgym_agents.model.precision import cpu_signature
 from textgym_agents.ppo.defaults import env_defaults
-from textgym_agents.precision import cpu_signature
 
 ENV = "textgym/Blackjack-v1"
 ARMS = {

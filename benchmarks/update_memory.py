@@ -28,7 +28,7 @@ CHILD = "--one"
 
 
 def _rss_gb() -> float:
-    from textgym_agents.memory import resident_kb
+    from textgym_agents.model.memory import resident_kb
 
     return resident_kb() / 1e6
 

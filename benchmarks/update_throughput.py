@@ -32,8 +32,8 @@ import torch
 import textgym  # noqa: F401
 from textgym.cli_common import reply_choices
 from textgym_agents import PPOConfig, PPOPolicy, PPOTrainer
+from textgym_agents.model.precision import matmul_gflops
 from textgym_agents.ppo.defaults import env_defaults
-from textgym_agents.precision import matmul_gflops
 
 ENV = "textgym/Blackjack-v1"
 TARGETS = {"optimise": 0.5, "loop": 0.4}

@@ -20,7 +20,7 @@ import gymnasium as gym
 from tqdm import trange
 
 from textgym_agents import Agent, evaluate
-from textgym_agents.models import load_model
+from textgym_agents.model.loading import load_model
 
 
 class BlackjackAgent(Agent):

@@ -117,7 +117,7 @@ def main() -> None:
 
     # learn() ended with policy.save(out / "final"): the adapter is in peft format there.
     # Its adapter_config.json names the base model: --model, or for the embedded model its
-    # float32 copy in textgym's cache (textgym_agents.models.embedded_model_dir()).
+    # float32 copy in textgym's cache (textgym_agents.model.loading.embedded_model_dir()).
     adapter_dir = Path(args.out) / "final" / "adapter"
     base_dir = PeftConfig.from_pretrained(adapter_dir).base_model_name_or_path
     tokenizer = AutoTokenizer.from_pretrained(base_dir)

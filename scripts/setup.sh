@@ -45,7 +45,7 @@ if [ "$vllm" = 1 ]; then
     fi
     .venv-vllm/bin/python -c "import vllm.entrypoints.openai.api_server"
     # The server loads the embedded model from its float32 copy: build it once.
-    .venv/bin/python -c "from textgym_agents.models import load_model; load_model()"
+    .venv/bin/python -c "from textgym_agents.model.loading import load_model; load_model()"
     echo "vLLM server environment in .venv-vllm (TEXTGYM_VLLM_PYTHON=$PWD/.venv-vllm/bin/python)"
 fi
 echo "Set up in .venv. Run the tests with: .venv/bin/python -m pytest"

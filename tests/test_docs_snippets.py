@@ -9,7 +9,8 @@ How the blocks run:
 
 What is substituted, so that they run offline in seconds:
 
-- The model: ``PPOPolicy.from_pretrained()`` and ``textgym_agents.models.load_model()`` called
+- The model: ``PPOPolicy.from_pretrained()`` and ``textgym_agents.model.loading.load_model()``
+called
   without a model load the tiny random Llama of ``textgym_agents.testing.tiny_model`` (the
   ``tiny_dir`` fixture) in float32 instead of the embedded SmolLM2.
 - Sizes, in the block's source text (`SMALL`): an integer keyword argument ``total_episodes=``,
@@ -94,7 +95,7 @@ def test_shrink_makes_sizes_small_and_leaves_small_ones():
 @pytest.fixture
 def tiny_models(monkeypatch, tiny_dir):
     """Load the tiny model wherever a block loads the embedded one."""
-    from textgym_agents import models
+    from textgym_agents.model import loading as models
     from textgym_agents.policy import PPOPolicy
 
     from_pretrained = PPOPolicy.from_pretrained.__func__

@@ -1,7 +1,7 @@
 """Atomic file writes: a file at a path is either the old version or the new one, never a mix.
 
 Each write goes to a temp file next to the target, is fsynced, then renamed into place.
-``textgym_agents.atomic`` builds tensors and checkpoint directories on these.
+``textgym_agents.runfiles.atomic`` builds tensors and checkpoint directories on these.
 """
 
 from __future__ import annotations

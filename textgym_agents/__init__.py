@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from textgym_agents.agent import Agent
+    from textgym_agents.decoding.generation import Generation
     from textgym_agents.evaluation import evaluate
     from textgym_agents.exceptions import (
         CheckpointError,
@@ -22,7 +23,6 @@ if TYPE_CHECKING:
         RunLockedError,
         SIGTERMExit,
     )
-    from textgym_agents.generation import Generation
     from textgym_agents.policy import PPOPolicy
     from textgym_agents.ppo.buffer import RolloutBuffer, Turn
     from textgym_agents.ppo.config import PPOConfig
@@ -35,7 +35,7 @@ _EXPORTS = {
     "CheckpointError": "textgym_agents.exceptions",
     "CheckpointWriteError": "textgym_agents.exceptions",
     "EnvFault": "textgym_agents.exceptions",
-    "Generation": "textgym_agents.generation",
+    "Generation": "textgym_agents.decoding.generation",
     "NonFiniteUpdateError": "textgym_agents.exceptions",
     "PPOConfig": "textgym_agents.ppo.config",
     "PPOPolicy": "textgym_agents.policy",

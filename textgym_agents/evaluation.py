@@ -10,7 +10,7 @@ from typing import Any
 
 from textgym import evaluation
 from textgym.evaluation import Evaluation, warn_if_prompt_differs
-from textgym_agents.memory import release_memory
+from textgym_agents.model.memory import release_memory
 
 __all__ = ["evaluate", "warn_if_prompt_differs"]
 

@@ -1,10 +1,12 @@
 """``PPOPolicy``: chat messages in, reply text out — an LLM with a LoRA adapter and a value head.
 
 The policy only sees text, so it works with every textgym env. Generation is batched (left
-padding, KV cache; :mod:`textgym_agents.generation`), optionally restricted to the env's reply
+padding, KV cache; :mod:`textgym_agents.decoding.generation`), optionally restricted to the env's
+reply
 grammar (constrained decoding), or, with choice decoding, picks one of the env's valid replies by
-scoring them all; scoring for training lives in :mod:`textgym_agents.scoring`, the saved files
-in :mod:`textgym_agents.policy_files`.
+scoring them all; scoring for training lives in :mod:`textgym_agents.decoding.scoring`, the saved
+files
+in :mod:`textgym_agents.runfiles.policy_files`.
 """
 
 from __future__ import annotations
@@ -18,17 +20,17 @@ import torch
 from peft import PeftModel
 from torch import nn
 
-from textgym_agents.adapters import ValueHead, attach_lora, hidden_size_of
-from textgym_agents.attention import use_gqa_attention
-from textgym_agents.checkpoint import default_run_dir
-from textgym_agents.choices import check_choice_set, choice_token_ids
-from textgym_agents.constrained import GrammarCompiler, decoding_mode
-from textgym_agents.generation import Generation, generate_text
-from textgym_agents.models import load_model, resolve_precision
-from textgym_agents.policy_files import load_policy_parts, save_policy, save_policy_files
+from textgym_agents.decoding.choices import check_choice_set, choice_token_ids
+from textgym_agents.decoding.constrained import GrammarCompiler, decoding_mode
+from textgym_agents.decoding.generation import Generation, generate_text
+from textgym_agents.decoding.scoring import PolicyScoring, Scores
+from textgym_agents.model.adapters import ValueHead, attach_lora, hidden_size_of
+from textgym_agents.model.attention import use_gqa_attention
+from textgym_agents.model.loading import load_model, resolve_precision
+from textgym_agents.model.precision import in_compute_dtype
 from textgym_agents.ppo.config import PPOConfig
-from textgym_agents.precision import in_compute_dtype
-from textgym_agents.scoring import PolicyScoring, Scores
+from textgym_agents.runfiles.checkpoint import default_run_dir
+from textgym_agents.runfiles.policy_files import load_policy_parts, save_policy, save_policy_files
 
 __all__ = ["Generation", "PPOPolicy", "Scores"]
 
@@ -66,7 +68,7 @@ class PPOPolicy(PolicyScoring):
             tokenizer: Its tokenizer (needs a chat template).
             value_head: The value head; a new one is created when None.
             config: Generation and training settings.
-            lora: LoRA settings for :func:`~textgym_agents.adapters.attach_lora`.
+            lora: LoRA settings for :func:`~textgym_agents.model.adapters.attach_lora`.
             base_info: How to reload the base model (name, gguf file, dtype), kept by save().
         """
         self.config = config or PPOConfig()
@@ -407,7 +409,7 @@ class PPOPolicy(PolicyScoring):
         trainer = PPOTrainer(self, envs, output_dir=output_dir)
         return trainer.train(total_episodes, resume_from=resume_from, callback=callback)
 
-    # --- persistence (files: textgym_agents.policy_files) ----------------------------------
+    # --- persistence (files: textgym_agents.runfiles.policy_files) --------------------------------
 
     def save(self, path: str | Path) -> Path:
         """Write the adapter (peft format), the value head and the config, atomically."""

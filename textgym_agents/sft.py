@@ -17,12 +17,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from textgym_agents.gradient_checkpointing import (
+from textgym_agents.model.gradient_checkpointing import (
     disable_gradient_checkpointing,
     enable_gradient_checkpointing,
     gradient_checkpointing_enabled,
 )
-from textgym_agents.precision import mixed_precision
+from textgym_agents.model.precision import mixed_precision
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -145,7 +145,7 @@ def sft_warm_start(
         gradient_accumulation_steps: Forward passes per optimizer step.
         max_length: Longer tokenised rows are truncated (None: no limit).
         gradient_checkpointing: Recompute activations in the backward pass to save memory, with
-            :func:`~textgym_agents.gradient_checkpointing.enable_gradient_checkpointing`
+            :func:`~textgym_agents.model.gradient_checkpointing.enable_gradient_checkpointing`
             (disabled again afterwards unless it was enabled before).
         deduplicate: Train on each distinct (prompt, reply) row once (see
             :func:`prepare_sft_dataset`).

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import gymnasium as gym
 import torch
 
-from textgym_agents.models import (
+from textgym_agents.model.loading import (
     EMBEDDED_MODEL,
     cache_dir,
     embedded_gguf_path,

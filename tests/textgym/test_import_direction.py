@@ -63,7 +63,7 @@ def agents_imports(source: str, name: str = "<source>") -> list[str]:
         "import textgym_agents.policy as p",
         "import os, textgym_agents.ppo.run",
         "from textgym_agents import PPOPolicy",
-        "from textgym_agents.checkpoint import latest_checkpoint",
+        "from textgym_agents.runfiles.checkpoint import latest_checkpoint",
         "def f():\n    from textgym_agents.ppo.run import find_checkpoint\n",
         "def f():\n    import textgym_agents\n    return textgym_agents\n",
         "import importlib\nimportlib.import_module('textgym_agents.tracking')",

@@ -13,7 +13,7 @@ import torch
 import textgym  # noqa: F401
 from textgym.episodes import reply_choices, reply_schemas
 from textgym_agents import PPOConfig, PPOPolicy, PPOTrainer
-from textgym_agents.checkpoint import latest_checkpoint
+from textgym_agents.runfiles.checkpoint import latest_checkpoint
 from textgym_agents.testing import tiny_model
 
 pytestmark = [

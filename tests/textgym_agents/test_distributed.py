@@ -17,8 +17,8 @@ import time
 import pytest
 import torch
 
-from textgym_agents.checkpoint import latest_checkpoint, list_checkpoints
 from textgym_agents.distributed.collectives import Distributed
+from textgym_agents.runfiles.checkpoint import latest_checkpoint, list_checkpoints
 from textgym_agents.tracking.metrics_log import read_metrics
 
 WORKER = textwrap.dedent(

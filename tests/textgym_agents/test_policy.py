@@ -76,7 +76,7 @@ def test_shared_system_prompt_path_matches_naive_forward_and_trains(policy):
     generation = policy.generate(batch)
     prompts, responses = generation.prompt_ids, generation.response_ids
     assert min(len(p) for p in prompts) > 40
-    from textgym_agents.shared_prefix import SHARED_PREFIX_MIN, common_prefix_length
+    from textgym_agents.decoding.shared_prefix import SHARED_PREFIX_MIN, common_prefix_length
 
     assert common_prefix_length(prompts) >= SHARED_PREFIX_MIN  # the shared-prefix path is taken
     for param in policy.value_head.parameters():

@@ -7,7 +7,7 @@ import torch
 
 import textgym
 from textgym_agents import PPOConfig, PPOPolicy, PPOTrainer, evaluate
-from textgym_agents.checkpoint import latest_checkpoint
+from textgym_agents.runfiles.checkpoint import latest_checkpoint
 from textgym_agents.testing import tiny_model
 from textgym_agents.tracking.metrics_log import read_metrics
 

@@ -10,7 +10,7 @@ from datasets import Dataset
 import textgym  # noqa: F401
 from textgym import record_trajectories
 from textgym_agents import PPOConfig, PPOPolicy, PPOTrainer, sft_warm_start
-from textgym_agents.gradient_checkpointing import (
+from textgym_agents.model.gradient_checkpointing import (
     disable_gradient_checkpointing,
     enable_gradient_checkpointing,
     gradient_checkpointing_enabled,

@@ -209,7 +209,7 @@ def test_the_server_loads_the_base_models_local_directory(tmp_path):
     from types import SimpleNamespace
 
     from textgym_agents.engines import model_dir_of
-    from textgym_agents.models import embedded_model_dir
+    from textgym_agents.model.loading import embedded_model_dir
 
     def base(**info):
         return SimpleNamespace(base_info=info)

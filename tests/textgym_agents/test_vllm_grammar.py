@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import textgym
-from textgym_agents.constrained import JSON_OPTIONS, ConstrainedReply, GrammarCompiler
+from textgym_agents.decoding.constrained import JSON_OPTIONS, ConstrainedReply, GrammarCompiler
 from textgym_agents.engines import VLLMResponseError
 from textgym_agents.engines.vllm_grammar import replay, server_schema
 from textgym_agents.engines.vllm_server import GUIDANCE_ARGS, server_command

@@ -266,7 +266,7 @@ def check_policy_files(target: str) -> None:
     kind, where, _ = resolve_policy(target)
     if kind != "policy":
         return
-    from textgym_agents.policy_files import policy_damage
+    from textgym_agents.runfiles.policy_files import policy_damage
 
     problem = policy_damage(where)  # type: ignore[arg-type]
     if problem is not None:

@@ -145,8 +145,8 @@ def resolve_policy(target: str) -> tuple[str, str | None, str]:
             return "policy", str(path / "final"), target
         if (path / "checkpoints").is_dir():
             import_agents()
-            from textgym_agents.checkpoint import latest_checkpoint
             from textgym_agents.exceptions import CheckpointError
+            from textgym_agents.runfiles.checkpoint import latest_checkpoint
 
             try:
                 latest = latest_checkpoint(path)

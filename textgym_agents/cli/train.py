@@ -254,7 +254,9 @@ def _plan(args: argparse.Namespace, config_cls: Any) -> _Plan:
     elif run_dir is not None:
         out = run_dir
     else:
-        from textgym_agents.checkpoint import default_run_dir  # imports torch: not for --help
+        from textgym_agents.runfiles.checkpoint import (
+            default_run_dir,  # imports torch: not for --help
+        )
 
         out = default_run_dir(env_id)
     if out != run_dir and holds_run(out):
@@ -300,7 +302,7 @@ def _named_run_dir(args: argparse.Namespace) -> Path | None:
 
 
 def _locked(path: Path | None, process: Any) -> Any:
-    from textgym_agents.run_lock import RunLock
+    from textgym_agents.runfiles.run_lock import RunLock
 
     return RunLock(path) if path is not None and process.is_main else contextlib.nullcontext()
 
@@ -380,7 +382,7 @@ def _train_locked(args: argparse.Namespace, agents: Any, process: Any, plan: _Pl
     try:
         policy.learn(envs, plan.episodes, output_dir=out, resume_from=plan.checkpoint)
     except (KeyboardInterrupt, agents.SIGTERMExit) as stop:  # Ctrl-C or SIGTERM
-        from textgym_agents.checkpoint import latest_checkpoint
+        from textgym_agents.runfiles.checkpoint import latest_checkpoint
 
         what = "Interrupted" if isinstance(stop, KeyboardInterrupt) else "Terminated (SIGTERM)"
         try:

@@ -1,7 +1,8 @@
 """The ``"vllm"`` rollout engine: a policy's replies sampled by a vLLM server, its adapter synced.
 
 :class:`VLLMEngine` sends token ids to the server and returns the same
-:class:`~textgym_agents.generation.Generation` the HF path returns. Before each generation it
+:class:`~textgym_agents.decoding.generation.Generation` the HF path returns. Before each generation
+it
 checks whether the learner's LoRA weights changed (their in-place version counters) and, if so,
 saves the adapter to a fresh directory and loads it under a fresh name, then unloads the old
 one: the server's prefix cache is keyed by adapter name, so reusing a name would serve stale
@@ -22,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from textgym_agents.choices import ChoiceScores
+from textgym_agents.decoding.choices import ChoiceScores
+from textgym_agents.decoding.generation import Generation, cut_reply
 from textgym_agents.engines.vllm_client import (
     Completion,
     VLLMClient,
@@ -31,7 +33,6 @@ from textgym_agents.engines.vllm_client import (
 )
 from textgym_agents.engines.vllm_grammar import constrained_rollout
 from textgym_agents.engines.vllm_server import SERVED_NAME, VLLMServer
-from textgym_agents.generation import Generation, cut_reply
 
 if TYPE_CHECKING:
     from textgym_agents.policy import PPOPolicy
@@ -45,9 +46,9 @@ def model_dir_of(policy: PPOPolicy) -> Path:
     """The local directory of the policy's base model, which the server loads.
 
     The embedded model is served from its float32 safetensors copy
-    (:func:`~textgym_agents.models.embedded_model_dir`); a GGUF base has no such directory.
+    (:func:`~textgym_agents.model.loading.embedded_model_dir`); a GGUF base has no such directory.
     """
-    from textgym_agents.models import embedded_model_dir
+    from textgym_agents.model.loading import embedded_model_dir
 
     info = policy.base_info
     name = info.get("name_or_path")
@@ -178,7 +179,7 @@ class VLLMEngine:
         """What :meth:`PPOPolicy.generate <textgym_agents.PPOPolicy.generate>` returns, from vLLM.
 
         Free text, one of each row's ``choices``, or a reply under each row's schema (``mode``
-        from :func:`~textgym_agents.constrained.decoding_mode`).
+        from :func:`~textgym_agents.decoding.constrained.decoding_mode`).
 
         A choice is drawn from the distribution over the row's choices, scored with
         ``prompt_logprobs``; ``Generation.logps`` stays None, so the trainer scores the turn

@@ -2,11 +2,14 @@
 
 The server samples each reply under the env's JSON schema with its llguidance backend
 (``--structured-outputs-config '{"backend": "guidance"}'``, which a started server gets), given
-the same grammar options as :class:`~textgym_agents.constrained.GrammarCompiler` (the schema's
+the same grammar options as :class:`~textgym_agents.decoding.constrained.GrammarCompiler` (the
+schema's
 ``x-guidance`` key). The server returns token ids, not masks, so :func:`replay` walks each reply
-through this process's own :class:`~textgym_agents.constrained.GrammarMask`: every position gets
+through this process's own :class:`~textgym_agents.decoding.constrained.GrammarMask`: every
+position gets
 the mask the HF path would have applied, the reply becomes a
-:class:`~textgym_agents.constrained.ConstrainedReply`, and scoring renormalises over the same
+:class:`~textgym_agents.decoding.constrained.ConstrainedReply`, and scoring renormalises over the
+same
 tokens as for an HF rollout (PPO's first ratio is exactly 1).
 
 Two things only this process knows: the token budget (a reply near ``max_new_tokens`` is forced
@@ -25,11 +28,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from textgym_agents.constrained import JSON_OPTIONS, GrammarMask
+from textgym_agents.decoding.constrained import JSON_OPTIONS, GrammarMask
+from textgym_agents.decoding.generation import Generation
+from textgym_agents.decoding.shared_prefix import common_prefix_length
 from textgym_agents.engines.vllm_client import VLLMResponseError
 from textgym_agents.engines.vllm_server import GUIDANCE_ARGS
-from textgym_agents.generation import Generation
-from textgym_agents.shared_prefix import common_prefix_length
 
 if TYPE_CHECKING:
     from textgym_agents.engines.vllm_engine import VLLMEngine
@@ -40,7 +43,8 @@ __all__ = ["constrained_rollout", "replay", "server_schema"]
 def server_schema(schema: dict[str, Any]) -> dict[str, Any]:
     """``schema`` with the grammar options of our compiler, for the server's llguidance.
 
-    Our compiler passes :data:`~textgym_agents.constrained.JSON_OPTIONS` as defaults that the
+    Our compiler passes :data:`~textgym_agents.decoding.constrained.JSON_OPTIONS` as defaults that
+    the
     schema's own ``x-guidance`` overrides; the server's backend reads ``x-guidance`` only.
 
     Example:
@@ -55,12 +59,13 @@ def replay(grammar: GrammarMask, sampled: Sequence[Sequence[int]], budget: int) 
 
     Args:
         grammar: A fresh mask with one grammar per row, built with ``budget`` and the stop
-            strings (:meth:`~textgym_agents.constrained.GrammarCompiler.mask`).
+            strings (:meth:`~textgym_agents.decoding.constrained.GrammarCompiler.mask`).
         sampled: Each row's tokens as the server returned them (its EOS included).
         budget: ``max_new_tokens``.
 
     Returns:
-        Each row's reply as a :class:`~textgym_agents.constrained.ConstrainedReply`: the server's
+        Each row's reply as a :class:`~textgym_agents.decoding.constrained.ConstrainedReply`: the
+        server's
         tokens, except where our mask forces others (a short finish near the budget, EOS after
         a stop string).
 
@@ -69,7 +74,7 @@ def replay(grammar: GrammarMask, sampled: Sequence[Sequence[int]], budget: int) 
 
     Example:
         >>> from textgym_agents.testing import load_tokenizer
-        >>> from textgym_agents.constrained import GrammarCompiler
+        >>> from textgym_agents.decoding.constrained import GrammarCompiler
         >>> tokenizer = load_tokenizer()
         >>> eos = tokenizer.eos_token_id
         >>> compiler = GrammarCompiler(tokenizer, len(tokenizer), {eos})

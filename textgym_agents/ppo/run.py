@@ -12,7 +12,7 @@ Layout of ``output_dir``::
                          + env replay record (+ rng_rankR, rankR: those of process R > 0)
     final/               the trained policy (PPOPolicy.load(output_dir / "final"))
     learning_curve.png   return and invalid-reply rate over the run
-    train.lock           while a process trains into it (see textgym_agents.run_lock)
+    train.lock           while a process trains into it (see textgym_agents.runfiles.run_lock)
 
 A checkpoint that fails to write (a full disk) stops the run with
 :class:`~textgym_agents.exceptions.CheckpointWriteError`; the earlier checkpoints stay intact.
@@ -30,8 +30,6 @@ import torch
 from tqdm.auto import tqdm
 
 from textgym.env_records import env_record
-from textgym_agents.atomic import atomic_write_json
-from textgym_agents.checkpoint import checkpoint_dirs, discard_checkpoints_after, rng_state
 from textgym_agents.distributed.signals import StopSignals
 from textgym_agents.exceptions import CheckpointWriteError, NonFiniteUpdateError, SIGTERMExit
 from textgym_agents.ppo.run_files import (
@@ -41,7 +39,9 @@ from textgym_agents.ppo.run_files import (
     write_or_stop,
 )
 from textgym_agents.ppo.tracked import rollout_state
-from textgym_agents.run_lock import RunLock
+from textgym_agents.runfiles.atomic import atomic_write_json
+from textgym_agents.runfiles.checkpoint import checkpoint_dirs, discard_checkpoints_after, rng_state
+from textgym_agents.runfiles.run_lock import RunLock
 from textgym_agents.tracking.metrics_log import METRICS_FILE, MetricsLogger, read_metrics
 from textgym_agents.tracking.plotting import plot_learning_curves
 

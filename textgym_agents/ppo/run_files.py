@@ -21,8 +21,10 @@ import torch
 from peft import set_peft_model_state_dict
 from peft.utils import load_peft_weights
 
-from textgym_agents.atomic import load_tensors
-from textgym_agents.checkpoint import (
+from textgym_agents.exceptions import CheckpointWriteError
+from textgym_agents.ppo.tracked import restore_rollout
+from textgym_agents.runfiles.atomic import load_tensors
+from textgym_agents.runfiles.checkpoint import (
     MANIFEST,
     check_intact,
     latest_checkpoint,
@@ -33,8 +35,6 @@ from textgym_agents.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from textgym_agents.exceptions import CheckpointWriteError
-from textgym_agents.ppo.tracked import restore_rollout
 
 if TYPE_CHECKING:
     from textgym_agents.distributed.collectives import Distributed

@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from textgym_agents.decoding.shared_prefix import shared_length
 from textgym_agents.ppo import core
 from textgym_agents.ppo.buffer import Turn
-from textgym_agents.shared_prefix import shared_length
 
 logger = logging.getLogger(__name__)
 

@@ -24,8 +24,8 @@ import torch
 from textgym.episodes import Episode
 from textgym_agents import distributed
 from textgym_agents.exceptions import NonFiniteUpdateError
-from textgym_agents.gradient_checkpointing import enable_gradient_checkpointing
-from textgym_agents.memory import release_memory
+from textgym_agents.model.gradient_checkpointing import enable_gradient_checkpointing
+from textgym_agents.model.memory import release_memory
 from textgym_agents.ppo import core
 from textgym_agents.ppo.assembly import (
     make_collector,

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from textgym_agents.atomic import atomic_write_bytes, open_run_file
+from textgym_agents.runfiles.atomic import atomic_write_bytes, open_run_file
 
 __all__ = ["METRICS_FILE", "REPORT_TO", "MetricsLogger", "read_metrics"]
 

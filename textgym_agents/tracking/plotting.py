@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from textgym_agents.atomic import atomic_write_bytes
+from textgym_agents.runfiles.atomic import atomic_write_bytes
 from textgym_agents.tracking.metrics_log import METRICS_FILE, read_metrics
 
 __all__ = ["plot_learning_curves"]

@@ -16,9 +16,9 @@ import pytest
 from textgym.cli import main
 from textgym.trust import UntrustedCodeError
 from textgym_agents import PPOPolicy
-from textgym_agents.atomic import atomic_write_json
-from textgym_agents.integrity import file_listing
-from textgym_agents.policy_files import FILES_MANIFEST
+from textgym_agents.runfiles.atomic import atomic_write_json
+from textgym_agents.runfiles.integrity import file_listing
+from textgym_agents.runfiles.policy_files import FILES_MANIFEST
 
 ENTRY_POINT = "textgym_code_marker:planted"
 FORMATTER = "textgym_code_marker:Planted"

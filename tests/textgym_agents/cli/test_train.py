@@ -12,8 +12,8 @@ import pytest
 
 from textgym.cli import main  # also registers the textgym/ envs
 from textgym_agents import PPOConfig, PPOPolicy
-from textgym_agents.checkpoint import latest_checkpoint, list_checkpoints
 from textgym_agents.ppo.trainer import PPOTrainer
+from textgym_agents.runfiles.checkpoint import latest_checkpoint, list_checkpoints
 from textgym_agents.tracking.metrics_log import read_metrics
 
 QUICK = ["--num-envs", "2", "--num-steps", "2", "--minibatch-size", "8", "--no-progress"]

@@ -9,7 +9,7 @@ import torch
 import textgym  # noqa: F401
 from textgym.episodes import reply_choices
 from textgym_agents import PPOConfig, PPOPolicy, PPOTrainer, Turn
-from textgym_agents.choices import ChoiceScores
+from textgym_agents.decoding.choices import ChoiceScores
 from textgym_agents.ppo import core
 from textgym_agents.ppo.steps import behaviour_weight
 from textgym_agents.testing import tiny_model

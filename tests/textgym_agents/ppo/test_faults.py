@@ -25,9 +25,9 @@ import torch
 import textgym  # noqa: F401
 from textgym import TextEnvWrapper
 from textgym_agents import PPOConfig, PPOPolicy, PPOTrainer
-from textgym_agents.checkpoint import latest_checkpoint, list_checkpoints
 from textgym_agents.exceptions import EnvFault, NonFiniteUpdateError, SIGTERMExit
 from textgym_agents.ppo.run import TrainingRun
+from textgym_agents.runfiles.checkpoint import latest_checkpoint, list_checkpoints
 from textgym_agents.tracking.metrics_log import read_metrics
 
 MANY = 10**6  # episodes: runs here end by a fault, a signal or a callback

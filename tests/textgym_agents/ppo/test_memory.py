@@ -9,9 +9,9 @@ import torch
 
 import textgym  # noqa: F401
 from textgym_agents import PPOConfig, PPOPolicy, PPOTrainer, RolloutBuffer
-from textgym_agents.checkpoint import list_checkpoints
 from textgym_agents.ppo.rollout import RolloutCollector
 from textgym_agents.ppo.tracked import TrackedVectorEnv
+from textgym_agents.runfiles.checkpoint import list_checkpoints
 
 HISTORY = 2
 

@@ -24,8 +24,12 @@ import torch
 import textgym  # noqa: F401
 from textgym.cli import main
 from textgym_agents import PPOConfig, PPOPolicy, PPOTrainer
-from textgym_agents.checkpoint import checkpoint_damage, latest_checkpoint, list_checkpoints
 from textgym_agents.exceptions import CheckpointError, CheckpointWriteError, RunLockedError
+from textgym_agents.runfiles.checkpoint import (
+    checkpoint_damage,
+    latest_checkpoint,
+    list_checkpoints,
+)
 from textgym_agents.tracking.metrics_log import read_metrics
 
 CONFIG = dict(

@@ -5,8 +5,8 @@ import torch
 
 import textgym  # noqa: F401
 from textgym_agents import PPOConfig, PPOPolicy, PPOTrainer, Turn
+from textgym_agents.decoding.shared_prefix import shared_length
 from textgym_agents.ppo.steps import minibatch_loss, minibatches
-from textgym_agents.shared_prefix import shared_length
 from textgym_agents.testing import tiny_model
 
 SHARED = list(range(100, 130))  # a 30-token "system prompt" every row starts with

@@ -65,7 +65,7 @@ def test_update_changes_lora_and_value_head_only(policy):
 
 @pytest.mark.parametrize("decoding", ["free", "choices"])
 def test_gradient_checkpointing_gives_the_same_update(decoding):
-    from textgym_agents.gradient_checkpointing import gradient_checkpointing_enabled
+    from textgym_agents.model.gradient_checkpointing import gradient_checkpointing_enabled
 
     def one_update(checkpointing):
         torch.manual_seed(0)  # the same sampled rollout both times

@@ -31,8 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from textgym_agents.atomic import open_run_file
 from textgym_agents.exceptions import RunLockedError
+from textgym_agents.runfiles.atomic import open_run_file
 
 __all__ = ["LOCK_FILE", "RunLock", "RunLockedError"]
 

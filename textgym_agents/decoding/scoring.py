@@ -19,11 +19,16 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from textgym_agents.choices import ChoiceScores, merge_rows, score_choices
-from textgym_agents.constrained import allowed_tokens, mask_logits
+from textgym_agents.decoding.choices import ChoiceScores, merge_rows, score_choices
+from textgym_agents.decoding.constrained import allowed_tokens, mask_logits
+from textgym_agents.decoding.shared_prefix import (
+    RowsPass,
+    continue_tree,
+    decoder_hidden_states,
+    run_rows,
+)
+from textgym_agents.model.precision import in_compute_dtype
 from textgym_agents.ppo.core import entropy, logprobs_from_logits
-from textgym_agents.precision import in_compute_dtype
-from textgym_agents.shared_prefix import RowsPass, continue_tree, decoder_hidden_states, run_rows
 
 __all__ = ["HEAD_CHUNK_POSITIONS", "PolicyScoring", "Scores"]
 
@@ -69,7 +74,8 @@ class PolicyScoring:
 
         Log-probs use the sampling temperature, so they are those of the distribution that
         generated the replies (for choices, the tempered distribution over the choices); a
-        reply sampled under a grammar (a :class:`~textgym_agents.constrained.ConstrainedReply`)
+        reply sampled under a grammar (a
+        :class:`~textgym_agents.decoding.constrained.ConstrainedReply`)
         is scored under the distribution renormalised over the tokens its grammar allowed,
         entropy included. A row with
         ``choices`` (its choices' token ids; the response is one of them) gets one log-prob,
@@ -116,7 +122,8 @@ class PolicyScoring:
         Each prompt runs once and its choices on top of its key/value cache, at most
         ``config.choice_batch_size`` choices per forward pass; a prompt with more choices
         has them scored in pieces that are checkpointed under gradients, so memory does not
-        grow with the number of choices (see :func:`~textgym_agents.choices.score_choices`).
+        grow with the number of choices (see
+        :func:`~textgym_agents.decoding.choices.score_choices`).
         """
         return score_choices(
             self._choice_scorer,
@@ -297,7 +304,7 @@ class PolicyScoring:
 
 
 class _OnePromptScorer:
-    """A :class:`~textgym_agents.choices.PromptScorer`: one prompt, its choices in pieces.
+    """A :class:`~textgym_agents.decoding.choices.PromptScorer`: one prompt, its choices in pieces.
 
     The prompt runs once; each piece continues a copy of its key/value cache (the copy
     shares the prompt's key/value tensors, and a piece only appends to the copy), so a piece

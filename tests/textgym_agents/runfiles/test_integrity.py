@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from textgym_agents.exceptions import CheckpointError
-from textgym_agents.integrity import file_listing, find_damage, raise_if_damaged
+from textgym_agents.runfiles.integrity import file_listing, find_damage, raise_if_damaged
 
 
 @pytest.fixture

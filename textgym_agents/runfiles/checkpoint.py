@@ -1,9 +1,11 @@
 """Durable, pickle-free checkpoint files: tensors go to safetensors, everything else to JSON.
 
-Every write is atomic (:mod:`textgym_agents.atomic`: temp file or directory, fsync, rename), so
+Every write is atomic (:mod:`textgym_agents.runfiles.atomic`: temp file or directory, fsync,
+rename), so
 a killed run leaves either the previous checkpoint or the new one, never a half-written file at
 a name that is read back. The manifest, written last, lists every file with its size and
-SHA-256 hash (:mod:`textgym_agents.integrity`): a checkpoint damaged later (a partial copy, a
+SHA-256 hash (:mod:`textgym_agents.runfiles.integrity`): a checkpoint damaged later (a partial
+copy, a
 full disk, bit rot) is recognised and skipped for the newest intact one.
 """
 
@@ -22,16 +24,16 @@ from typing import Any
 
 import torch
 
-from textgym_agents.atomic import (
+from textgym_agents.exceptions import CheckpointError
+from textgym_agents.runfiles.atomic import (
     atomic_directory,
     atomic_write_json,
     load_tensors,
     remove_path,
     save_tensors,
 )
-from textgym_agents.exceptions import CheckpointError
-from textgym_agents.integrity import confined, file_listing, find_damage
-from textgym_agents.state_files import (
+from textgym_agents.runfiles.integrity import confined, file_listing, find_damage
+from textgym_agents.runfiles.state_files import (
     optimizer_state_from_files,
     optimizer_state_to_files,
     rng_state,

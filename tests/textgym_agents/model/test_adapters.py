@@ -1,4 +1,4 @@
-"""LoRA adapters and the value head (textgym_agents.adapters), on a tiny Llama."""
+"""LoRA adapters and the value head (textgym_agents.model.adapters), on a tiny Llama."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from peft import LoraConfig, PeftModel
 
-from textgym_agents.adapters import LORA_DEFAULTS, ValueHead, attach_lora, hidden_size_of
+from textgym_agents.model.adapters import LORA_DEFAULTS, ValueHead, attach_lora, hidden_size_of
 from textgym_agents.testing import logits_of
 
 PROMPTS = ["Hi", "Tell me a long story about a dragon, please.", "What is 2 + 2?"]

@@ -144,7 +144,7 @@ def test_bf16_checkpointed_pieces_give_the_gradient_of_kept_ones():
     prompts, choices = prompts_and_choices(policy, [20])
     checkpointed = lora_grads(policy, policy.score_choices(prompts, choices, values=True))
     with pytest.MonkeyPatch.context() as patch:  # the same calls, all kept for the backward
-        patch.setattr("textgym_agents.choices._Runner.__call__", lambda self, f, *a: f(*a))
+        patch.setattr("textgym_agents.decoding.choices._Runner.__call__", lambda self, f, *a: f(*a))
         kept = lora_grads(policy, policy.score_choices(prompts, choices, values=True))
     for a, b in zip(checkpointed, kept, strict=True):
         assert torch.equal(a, b)

@@ -3,8 +3,8 @@ import torch
 from torch.nn.functional import scaled_dot_product_attention as sdpa
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from textgym_agents import attention
-from textgym_agents.attention import grouped_attention, use_gqa_attention
+from textgym_agents.model import attention
+from textgym_agents.model.attention import grouped_attention, use_gqa_attention
 
 
 def qkv(dtype=torch.float32, length=5, kv_length=9, seed=0):

@@ -1,4 +1,4 @@
-"""Atomic files and directories (textgym_agents.atomic)."""
+"""Atomic files and directories (textgym_agents.runfiles.atomic)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from textgym_agents.atomic import (
+from textgym_agents.runfiles.atomic import (
     atomic_directory,
     atomic_write_bytes,
     atomic_write_json,

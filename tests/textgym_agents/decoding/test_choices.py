@@ -9,7 +9,7 @@ import textgym  # noqa: F401
 from textgym import TextEnvWrapper
 from textgym.parsers import ActionParseError, ActionParser
 from textgym_agents import PPOConfig, PPOPolicy, PPOTrainer, evaluate
-from textgym_agents.choices import choice_token_ids, score_choices
+from textgym_agents.decoding.choices import choice_token_ids, score_choices
 from textgym_agents.ppo import core
 from textgym_agents.ppo.rollout import reply_choices
 from textgym_agents.testing import PayingChoice, tiny_model, word_tokenizer

@@ -13,9 +13,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from textgym_agents.constrained import GrammarMask
+from textgym_agents.decoding.constrained import GrammarMask
+from textgym_agents.decoding.shared_prefix import generation_inputs
 from textgym_agents.ppo.config import PPOConfig
-from textgym_agents.shared_prefix import generation_inputs
 
 __all__ = ["Generation", "cut_reply", "generate_text"]
 
@@ -34,7 +34,7 @@ class Generation:
     logps: list[float] | None = None
     values: list[float] | None = None
     # Choice decoding with exploration (``explore`` > 0): each row's log-prob under the
-    # mixture it was drawn from (:meth:`~textgym_agents.choices.ChoiceScores.explore`).
+    # mixture it was drawn from (:meth:`~textgym_agents.decoding.choices.ChoiceScores.explore`).
     behaviour_logps: list[float] | None = None
     # Rollout engine "vllm": the server's log-prob of each reply token (raw, temperature 1).
     # PPO never uses them as old log-probs; they are there to compare with the scoring pass.

@@ -7,11 +7,11 @@ import json
 import pytest
 import torch
 
-from textgym_agents.atomic import atomic_write_json
-from textgym_agents.checkpoint import MANIFEST, checkpoint_damage, save_checkpoint
 from textgym_agents.exceptions import CheckpointError, RunFileError
-from textgym_agents.integrity import confined, file_listing, find_damage
-from textgym_agents.run_lock import RunLock
+from textgym_agents.runfiles.atomic import atomic_write_json
+from textgym_agents.runfiles.checkpoint import MANIFEST, checkpoint_damage, save_checkpoint
+from textgym_agents.runfiles.integrity import confined, file_listing, find_damage
+from textgym_agents.runfiles.run_lock import RunLock
 from textgym_agents.tracking.metrics_log import MetricsLogger
 
 
@@ -100,7 +100,7 @@ def test_a_checkpoint_manifest_naming_files_outside_is_damaged(tmp_path):
 
 
 def test_loading_a_policy_whose_listing_leaves_its_directory_is_refused(tmp_path):
-    from textgym_agents.policy_files import FILES_MANIFEST, load_policy_parts
+    from textgym_agents.runfiles.policy_files import FILES_MANIFEST, load_policy_parts
 
     policy = tmp_path / "policy"
     policy.mkdir()

@@ -3,7 +3,7 @@
 A policy directory holds the LoRA adapter (peft format), the fp32 value head and
 ``policy.json`` (how to reload the base model, the config); checkpoints embed the same files.
 A saved policy also holds ``files.json``, written last: each file's size and SHA-256 hash, so a
-damaged copy is refused with a message naming the file (:mod:`textgym_agents.integrity`).
+damaged copy is refused with a message naming the file (:mod:`textgym_agents.runfiles.integrity`).
 """
 
 from __future__ import annotations
@@ -16,13 +16,18 @@ import torch
 from torch import nn
 
 from textgym.env_records import check_record
-from textgym_agents.adapters import ValueHead, hidden_size_of, load_adapter
-from textgym_agents.atomic import atomic_directory, atomic_write_json, load_tensors, save_tensors
-from textgym_agents.checkpoint import MANIFEST, checkpoint_damage
 from textgym_agents.exceptions import CheckpointError
-from textgym_agents.integrity import file_listing, find_damage
-from textgym_agents.models import load_model
+from textgym_agents.model.adapters import ValueHead, hidden_size_of, load_adapter
+from textgym_agents.model.loading import load_model
 from textgym_agents.ppo.config import PPOConfig
+from textgym_agents.runfiles.atomic import (
+    atomic_directory,
+    atomic_write_json,
+    load_tensors,
+    save_tensors,
+)
+from textgym_agents.runfiles.checkpoint import MANIFEST, checkpoint_damage
+from textgym_agents.runfiles.integrity import file_listing, find_damage
 
 if TYPE_CHECKING:
     from textgym_agents.policy import PPOPolicy

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import textgym_agents
-from textgym_agents.atomic import atomic_write_json, load_tensors, save_tensors
-from textgym_agents.checkpoint import (
+from textgym_agents.runfiles.atomic import atomic_write_json, load_tensors, save_tensors
+from textgym_agents.runfiles.checkpoint import (
     discard_checkpoints_after,
     latest_checkpoint,
     list_checkpoints,
@@ -285,7 +285,7 @@ def test_load_checkpoint_requires_manifest(tmp_path):
 
 CHILD = """
 import os, signal, sys, torch
-from textgym_agents.checkpoint import latest_checkpoint, save_checkpoint
+from textgym_agents.runfiles.checkpoint import latest_checkpoint, save_checkpoint
 
 run, mode, size = sys.argv[1], sys.argv[2], int(sys.argv[3])
 
@@ -381,7 +381,7 @@ def test_a_failed_prune_of_an_old_checkpoint_is_a_warning(tmp_path, monkeypatch,
     def busy(path):
         raise OSError(16, "Device or resource busy", str(path))
 
-    monkeypatch.setattr("textgym_agents.checkpoint._delete_checkpoint", busy)
+    monkeypatch.setattr("textgym_agents.runfiles.checkpoint._delete_checkpoint", busy)
     with caplog.at_level(logging.WARNING):
         path = save_checkpoint(tmp_path, 3, json_files={"trainer": {"step": 3}}, keep=2)
     assert path.name == "step_00000003" and list_checkpoints(tmp_path)[-1] == path

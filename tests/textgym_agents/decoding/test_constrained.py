@@ -13,7 +13,7 @@ import textgym  # noqa: F401
 from textgym import TextEnvWrapper
 from textgym.parsers import FunctionParser, JSONActionParser
 from textgym_agents import PPOConfig, PPOPolicy, PPOTrainer, evaluate
-from textgym_agents.constrained import (
+from textgym_agents.decoding.constrained import (
     ConstrainedReply,
     GrammarCompiler,
     allowed_tokens,

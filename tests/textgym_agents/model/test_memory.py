@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from textgym_agents.memory import _malloc_trim, release_memory, resident_kb
+from textgym_agents.model.memory import _malloc_trim, release_memory, resident_kb
 
 
 def rss_mb() -> float:

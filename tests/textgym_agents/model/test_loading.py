@@ -10,9 +10,9 @@ import pytest
 import torch
 from peft import AutoPeftModelForCausalLM
 
-from textgym_agents import models
-from textgym_agents.adapters import attach_lora
-from textgym_agents.models import (
+from textgym_agents.model import loading as models
+from textgym_agents.model.adapters import attach_lora
+from textgym_agents.model.loading import (
     EMBEDDED_MODEL,
     cache_dir,
     embedded_gguf_path,
@@ -113,8 +113,8 @@ def test_resolve_dtype_names_and_dtypes(name, expected):
 def test_resolve_dtype_auto_on_cpu_follows_the_measured_matmul_speed(
     auto, measured, expected, monkeypatch
 ):
-    # The choice is the measurement's (textgym_agents.precision), never a hard-coded dtype.
-    monkeypatch.setattr("textgym_agents.precision._measure_cpu", lambda path: measured)
+    # The choice is the measurement's (textgym_agents.model.precision), never a hard-coded dtype.
+    monkeypatch.setattr("textgym_agents.model.precision._measure_cpu", lambda path: measured)
     assert resolve_dtype(auto, "cpu") is expected
     assert resolve_dtype(auto, torch.device("cpu")) is expected
 
@@ -354,7 +354,7 @@ def test_embedded_adapter_names_the_cached_copy(fake_gguf, tmp_path, cold):
 
 
 def test_embedded_use_cache_false_skips_the_cache(fake_gguf, tmp_path):
-    # An explicit dtype: "auto" would cache its CPU measurement (textgym_agents.precision).
+    # An explicit dtype: "auto" would cache its CPU measurement (textgym_agents.model.precision).
     load_model(device="cpu", use_cache=False, dtype="fp32")
     load_model(device="cpu", use_cache=False, dtype="fp32")
     assert len(fake_gguf) == 2

@@ -3,7 +3,7 @@
 CPUs of one machine kind differ: AVX-512 BF16 / AMX parts run bf16 matmuls ~2.3x faster than
 fp32, others (AVX2 only) emulate bf16 and run it slower. So ``dtype="auto"`` times one matmul
 at the embedded model's shapes in both dtypes, once per machine (cached by
-:func:`textgym_agents.models.resolve_precision` in ``cache_dir()/precision.json``, keyed by
+:func:`textgym_agents.model.loading.resolve_precision` in ``cache_dir()/precision.json``, keyed by
 CPU, torch version and thread count), and picks bf16 only where it is clearly faster. CUDA
 devices get bf16 where supported. Trainable weights (LoRA, value head), the optimizer,
 log-softmax and losses stay fp32 whatever is chosen.
@@ -181,7 +181,7 @@ def mixed_precision(model: nn.Module, *, enabled: bool = True) -> Iterator[None]
     they would only cast up and back down exactly.
 
     Example:
-        >>> from textgym_agents.adapters import attach_lora
+        >>> from textgym_agents.model.adapters import attach_lora
         >>> from textgym_agents.testing import tiny_model
         >>> model = attach_lora(tiny_model(dtype=torch.bfloat16)[0])
         >>> with mixed_precision(model):

@@ -9,11 +9,11 @@ import textwrap
 import pytest
 
 from textgym_agents.exceptions import RunLockedError
-from textgym_agents.run_lock import LOCK_FILE, RunLock
+from textgym_agents.runfiles.run_lock import LOCK_FILE, RunLock
 
 HOLDER = """
 import sys, time
-from textgym_agents.run_lock import RunLock
+from textgym_agents.runfiles.run_lock import RunLock
 with RunLock(sys.argv[1]):
     print("locked", flush=True)
     time.sleep(600)

@@ -1,6 +1,6 @@
 """Nested training state as files without pickle: tensors for safetensors, the rest as JSON.
 
-Used by :mod:`textgym_agents.checkpoint` for the optimizer and RNG states of a checkpoint.
+Used by :mod:`textgym_agents.runfiles.checkpoint` for the optimizer and RNG states of a checkpoint.
 Tuples, non-string dict keys and numpy arrays are tagged in the JSON so that they come back as
 the same types.
 """

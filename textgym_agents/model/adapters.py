@@ -1,6 +1,6 @@
 """What PPO adds to a causal LM: a LoRA adapter (`attach_lora`, `load_adapter`) and a `ValueHead`.
 
-The models themselves are loaded by :mod:`textgym_agents.models`.
+The models themselves are loaded by :mod:`textgym_agents.model.loading`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Atomic writes: a file or a directory at a path is either the old version or the new one.
 
 Each write goes to a temp file or directory next to the target, is fsynced, then renamed into
-place (files via :mod:`textgym.atomic`); :mod:`textgym_agents.checkpoint` builds on these.
+place (files via :mod:`textgym.atomic`); :mod:`textgym_agents.runfiles.checkpoint` builds on these.
 """
 
 from __future__ import annotations
@@ -133,8 +133,9 @@ def atomic_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
     to ``path.old-<random>`` first, the new directory is renamed in, and the old one deleted.
     A crash between those two renames leaves no ``path``: the previous version survives as
     ``path.old-*`` and the new one as ``path.tmp-*``, both ignored by
-    :func:`~textgym_agents.checkpoint.latest_checkpoint` and removed by the next
-    :func:`~textgym_agents.checkpoint.save_checkpoint`. On an exception the temp directory is
+    :func:`~textgym_agents.runfiles.checkpoint.latest_checkpoint` and removed by the next
+    :func:`~textgym_agents.runfiles.checkpoint.save_checkpoint`. On an exception the temp directory
+    is
     removed and ``path`` is untouched.
 
     Example:

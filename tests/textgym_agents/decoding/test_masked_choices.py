@@ -8,7 +8,7 @@ import torch
 import textgym  # noqa: F401
 from textgym.envs.pettingzoo_text import TICTACTOE_CELLS
 from textgym_agents import PPOConfig, PPOPolicy, PPOTrainer
-from textgym_agents.generation import Generation
+from textgym_agents.decoding.generation import Generation
 
 pytest.importorskip("pettingzoo")
 

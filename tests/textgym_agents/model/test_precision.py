@@ -6,9 +6,9 @@ import torch
 
 import textgym  # noqa: F401
 from textgym_agents import PPOConfig, PPOPolicy, PPOTrainer
-from textgym_agents.adapters import ValueHead
-from textgym_agents.models import resolve_precision
-from textgym_agents.precision import (
+from textgym_agents.model.adapters import ValueHead
+from textgym_agents.model.loading import resolve_precision
+from textgym_agents.model.precision import (
     BF16_MIN_SPEEDUP,
     Precision,
     choose_precision,
@@ -32,7 +32,7 @@ def test_cpu_choice_is_measured_once_and_cached(cache, monkeypatch):
         calls.append(dtype)
         return {torch.float32: 100.0, torch.bfloat16: 40.0}[dtype]
 
-    monkeypatch.setattr("textgym_agents.precision.matmul_gflops", fake)
+    monkeypatch.setattr("textgym_agents.model.precision.matmul_gflops", fake)
     first = resolve_precision("auto", "cpu")
     second = resolve_precision("auto", "cpu")
     assert first == second
@@ -49,7 +49,7 @@ def test_cpu_choice_is_measured_once_and_cached(cache, monkeypatch):
     [(100 * BF16_MIN_SPEEDUP, torch.bfloat16), (100 * BF16_MIN_SPEEDUP - 1, torch.float32)],
 )
 def test_cpu_threshold(bf16, expected, cache, monkeypatch):
-    monkeypatch.setattr("textgym_agents.precision._measure_cpu", lambda path: (100.0, bf16))
+    monkeypatch.setattr("textgym_agents.model.precision._measure_cpu", lambda path: (100.0, bf16))
     assert choose_precision(torch.device("cpu")).dtype is expected
 
 

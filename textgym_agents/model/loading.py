@@ -1,6 +1,6 @@
 """Load the causal LMs that textgym agents train: the embedded SmolLM2, GGUF files, local dirs.
 
-What PPO adds to a loaded model (LoRA, the value head) is in :mod:`textgym_agents.adapters`.
+What PPO adds to a loaded model (LoRA, the value head) is in :mod:`textgym_agents.model.adapters`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import torch
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-    from textgym_agents.precision import Precision
+    from textgym_agents.model.precision import Precision
 
 logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -91,9 +91,9 @@ def resolve_device(device: str | torch.device | None = None) -> torch.device:
 def resolve_precision(
     dtype: str | torch.dtype | None = None, device: str | torch.device | None = None
 ) -> Precision:
-    """Turn a dtype spec into a :class:`~textgym_agents.precision.Precision` (dtype + reason).
+    """Turn a dtype spec into a :class:`~textgym_agents.model.precision.Precision` (dtype + reason).
 
-    None or ``"auto"`` picks per machine (:func:`~textgym_agents.precision.choose_precision`):
+    None or ``"auto"`` picks per machine (:func:`~textgym_agents.model.precision.choose_precision`):
     bfloat16 on CUDA devices that support it and on CPUs whose measured bf16 matmuls are
     clearly faster than fp32, float32 anywhere else. A named dtype is taken as given.
 
@@ -102,7 +102,7 @@ def resolve_precision(
         'requested bfloat16'
     """
     if dtype is None or dtype == "auto":
-        from textgym_agents.precision import PRECISION_FILE, choose_precision
+        from textgym_agents.model.precision import PRECISION_FILE, choose_precision
 
         return choose_precision(resolve_device(device), cache_file=cache_dir() / PRECISION_FILE)
     if isinstance(dtype, torch.dtype):
@@ -114,7 +114,7 @@ def resolve_precision(
     else:
         names = ", ".join(repr(name) for name in ["auto", *_DTYPES])
         raise ValueError(f"Expected dtype to be a torch.dtype or one of {names}; got {dtype!r}")
-    from textgym_agents.precision import Precision
+    from textgym_agents.model.precision import Precision
 
     return Precision(resolved, f"requested {str(resolved).removeprefix('torch.')}")
 
