@@ -14,6 +14,7 @@ import gymnasium as gym
 from textgym.envs.classic import PRESETS, ReportSuccess
 from textgym.envs.minigrid_text import BABYAI_LEVELS
 from textgym.envs.pettingzoo_text import PETTINGZOO_GAMES
+from textgym.envs.reasoning_gym_text import REASONING_GYM_TASKS
 from textgym.wrappers import WRAPPER_OPTIONS, TextEnvWrapper
 
 __all__ = ["NAMESPACE", "WRAPPER_OPTIONS", "make_text_env", "register", "registered_ids"]
@@ -140,6 +141,12 @@ def _register_builtin() -> None:
         entry_point="textgym.envs.frozen_lake_random:make_frozen_lake_random_text_env",
         max_episode_steps=100,
     )
+    for task in REASONING_GYM_TASKS:  # listed without reasoning-gym, like the BabyAI levels
+        gym.register(
+            id=f"{NAMESPACE}/rg-{task}-v0",
+            entry_point="textgym.envs.reasoning_gym_text:make_reasoning_gym_text_env",
+            kwargs={"task": task},
+        )
     for name in BABYAI_LEVELS:  # listed without minigrid; making one names the extra to install
         gym.register(
             id=f"{NAMESPACE}/{name}",

@@ -5,6 +5,7 @@ import pytest
 import textgym
 from textgym import TextEnvWrapper, check_text_env, register, registered_ids
 from textgym.checker import find_text_wrapper
+from textgym.envs.reasoning_gym_text import REASONING_GYM_TASKS
 
 CLASSIC_IDS = [
     "textgym/Acrobot-v1",
@@ -24,7 +25,8 @@ def test_registered_ids():
     babyai += ["textgym/BabyAI-PickupLocal-v0", "textgym/BabyAI-PutNextLocal-v0"]
     games = ["textgym/TicTacToe-v0", "textgym/ConnectFour-v0"]
     native = ["textgym/Calculator-v0", "textgym/FrozenLakeRandom-v0", "textgym/Sokoban-v0"]
-    assert registered_ids() == sorted([*CLASSIC_IDS, *native, *babyai, *games])
+    reasoning = [f"textgym/rg-{task}-v0" for task in REASONING_GYM_TASKS]
+    assert registered_ids() == sorted([*CLASSIC_IDS, *native, *babyai, *games, *reasoning])
 
 
 @pytest.mark.parametrize("env_id", CLASSIC_IDS)
