@@ -4,7 +4,9 @@ Where successes are too rare for any estimator to see (FrozenLake: about one sam
 100 reaches the goal), every episode otherwise has return 0 and carries no signal. With
 ``PPOConfig.novelty_bonus`` = c, a turn that leads to an observation seen n times so far (by its
 anchor key, counted over the run) earns ``c / sqrt(n)`` on top of the env's reward in the
-advantage estimate only (metrics, evaluation and the env's returns are untouched). The last
+advantage estimate only (metrics, evaluation and the env's returns are untouched). Only the
+first arrival at an observation within an episode earns it, so an episode cannot collect
+bonuses by going back and forth (its bonus is bounded by the states it reaches), and the last
 turn of an episode earns none: an episode that ends in a new state (a hole) is not rewarded
 for it. Each process counts its own visits. The bonus fades as counts grow (the form of
 MBIE-EB, Strehl & Littman 2008, and #Exploration, Tang et al. 2017).
@@ -26,11 +28,11 @@ class VisitCounts:
 
     Example:
         >>> counts = VisitCounts(coef=1.0)
-        >>> episode = [Turn([1], [2], 0.0, anchor=a) for a in "abb"]
+        >>> episode = [Turn([1], [2], 0.0, anchor=a) for a in "abbc"]
         >>> episode[-1].terminated = True
-        >>> counts.assign([episode])  # a, b, b seen: b twice
-        >>> [round(t.bonus, 4) for t in episode]  # led to b (n=2), to b (n=2), ended: 0
-        [0.7071, 0.7071, 0.0]
+        >>> counts.assign([episode])  # a, b, b, c seen: b twice
+        >>> [round(t.bonus, 4) for t in episode]  # to b (n=2); to b again: 0; to c; ended
+        [0.7071, 0.0, 1.0, 0.0]
     """
 
     def __init__(self, coef: float) -> None:
@@ -48,8 +50,11 @@ class VisitCounts:
             for turn in turns:
                 self.counts[turn.anchor] = self.counts.get(turn.anchor, 0) + 1
         for turns in episodes:
+            seen = {turns[0].anchor} if turns else set()
             for turn, following in zip(turns, turns[1:], strict=False):
-                turn.bonus = self.coef / math.sqrt(self.counts[following.anchor])
+                new = following.anchor not in seen  # revisits within an episode earn nothing
+                turn.bonus = self.coef / math.sqrt(self.counts[following.anchor]) if new else 0.0
+                seen.add(following.anchor)
             if turns:
                 turns[-1].bonus = 0.0
 

@@ -28,6 +28,7 @@ def test_bonus_follows_the_count_of_the_state_a_turn_leads_to():
     again, cut = episode(["s0", "s1", "s1"]), episode(["s0", "s3"], done=False)
     counts.assign([again, cut])
     assert again[0].bonus == pytest.approx(0.5 / math.sqrt(3))  # s1: once before, twice now
+    assert again[1].bonus == 0.0  # back at s1 within the episode: no bonus twice
     assert cut[0].bonus == pytest.approx(0.5)  # s3 seen once
     assert cut[-1].bonus == 0.0  # its successor is in the next rollout
 
