@@ -15,6 +15,7 @@ from textgym.envs.classic import PRESETS, ReportSuccess
 from textgym.envs.minigrid_text import BABYAI_LEVELS
 from textgym.envs.pettingzoo_text import PETTINGZOO_GAMES
 from textgym.envs.reasoning_gym_text import REASONING_GYM_TASKS
+from textgym.envs.textarena_text import TEXTARENA_GAMES
 from textgym.wrappers import WRAPPER_OPTIONS, TextEnvWrapper
 
 __all__ = ["NAMESPACE", "WRAPPER_OPTIONS", "make_text_env", "register", "registered_ids"]
@@ -146,6 +147,13 @@ def _register_builtin() -> None:
             id=f"{NAMESPACE}/rg-{task}-v0",
             entry_point="textgym.envs.reasoning_gym_text:make_reasoning_gym_text_env",
             kwargs={"task": task},
+        )
+    for game in TEXTARENA_GAMES:  # listed without textarena too
+        gym.register(
+            id=f"{NAMESPACE}/ta-{game}",
+            entry_point="textgym.envs.textarena_text:make_textarena_text_env",
+            kwargs={"game": game},
+            max_episode_steps=100,
         )
     for name in BABYAI_LEVELS:  # listed without minigrid; making one names the extra to install
         gym.register(

@@ -6,6 +6,7 @@ import textgym
 from textgym import TextEnvWrapper, check_text_env, register, registered_ids
 from textgym.checker import find_text_wrapper
 from textgym.envs.reasoning_gym_text import REASONING_GYM_TASKS
+from textgym.envs.textarena_text import TEXTARENA_GAMES
 
 CLASSIC_IDS = [
     "textgym/Acrobot-v1",
@@ -26,7 +27,9 @@ def test_registered_ids():
     games = ["textgym/TicTacToe-v0", "textgym/ConnectFour-v0"]
     native = ["textgym/Calculator-v0", "textgym/FrozenLakeRandom-v0", "textgym/Sokoban-v0"]
     reasoning = [f"textgym/rg-{task}-v0" for task in REASONING_GYM_TASKS]
-    assert registered_ids() == sorted([*CLASSIC_IDS, *native, *babyai, *games, *reasoning])
+    arena = [f"textgym/ta-{game}" for game in TEXTARENA_GAMES]
+    ids = [*CLASSIC_IDS, *native, *babyai, *games, *reasoning, *arena]
+    assert registered_ids() == sorted(ids)
 
 
 @pytest.mark.parametrize("env_id", CLASSIC_IDS)
