@@ -182,6 +182,30 @@ def evaluate_policy(
     return agents.evaluate(policy, env, n_episodes=episodes, **kwargs)
 
 
+def evaluation_point(name: str, episodes: int, result: Mapping[str, Any]) -> dict[str, Any]:
+    """An evaluation as a point of the run's curve (``evaluations.json``).
+
+    Example:
+        >>> point = evaluation_point("trained", 16, {"mean_return": 0.5, "std_return": 0.5,
+        ...                                          "episodes": 25, "invalid_rate": 0.0})
+        >>> point["se"], point["episodes"]
+        (0.1, 16)
+    """
+    point = {
+        "name": name,
+        "episodes": episodes,
+        "mean_return": float(result["mean_return"]),
+        "se": standard_error(result),
+        "invalid_rate": float(result["invalid_rate"]),
+        "evaluation_episodes": int(result["episodes"]),
+    }
+    rate = result.get("success_rate")
+    if rate is not None:
+        n = max(int(result["episodes"]), 1)
+        point.update(success_rate=float(rate), success_se=math.sqrt(rate * (1 - rate) / n))
+    return point
+
+
 def standard_error(result: Mapping[str, Any]) -> float:
     """Standard error of an :func:`~textgym_agents.evaluate` result's mean return."""
     return float(result["std_return"]) / math.sqrt(max(int(result["episodes"]), 1))

@@ -33,7 +33,13 @@ from textgym.cli_common import (
 from textgym.plugins import FunctionCommand
 from textgym_agents.cli.common import from_pretrained, import_agents
 from textgym_agents.cli.config import add_config_flags, flag_values, read_config_file
-from textgym_agents.cli.evaluate import EVAL_SEED, evaluate_policy, format_gap, format_table
+from textgym_agents.cli.evaluate import (
+    EVAL_SEED,
+    evaluate_policy,
+    evaluation_point,
+    format_gap,
+    format_table,
+)
 from textgym_agents.cli.runs import (
     episodes_done,
     holds_run,
@@ -406,9 +412,17 @@ def _train_locked(args: argparse.Namespace, agents: Any, process: Any, plan: _Pl
         print(f"\nGreedy evaluation (seed {EVAL_SEED}):")
         print(format_table(results))
         print(format_gap(results[0][2], results[-1][2]))
+        if process.is_main:  # the evaluations on the run's curve
+            from textgym_agents.tracking.plotting import plot_run, write_evaluations
+
+            done = {"trained": plan.episodes}
+            points = [evaluation_point(n, done.get(n, 0), r) for n, _, r in results]
+            write_evaluations(out, points)
+            plot_run(out)
     env.close()
     print(
         f"\nRun written to {out}: final/ (the policy), metrics.jsonl, learning_curve.png, "
+        f"{'evaluations.json, ' if plan.eval_episodes else ''}"
         f"checkpoints/\nNext: textgym eval {out} | textgym plot {out} | "
         f"textgym play {env_id} --policy {out}"
     )

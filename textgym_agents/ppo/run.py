@@ -11,7 +11,7 @@ Layout of ``output_dir``::
     checkpoints/step_N/  policy (peft adapter + value head) + optimizer + RNG + trainer state
                          + env replay record (+ rng_rankR, rankR: those of process R > 0)
     final/               the trained policy (PPOPolicy.load(output_dir / "final"))
-    learning_curve.png   return and invalid-reply rate over the run
+    learning_curve.png   return, success and invalid-reply rates against episodes
     train.lock           while a process trains into it (see textgym_agents.runfiles.run_lock)
 
 A checkpoint that fails to write (a full disk) stops the run with
@@ -43,7 +43,7 @@ from textgym_agents.runfiles.atomic import atomic_write_json
 from textgym_agents.runfiles.checkpoint import checkpoint_dirs, discard_checkpoints_after, rng_state
 from textgym_agents.runfiles.run_lock import RunLock
 from textgym_agents.tracking.metrics_log import METRICS_FILE, MetricsLogger, read_metrics
-from textgym_agents.tracking.plotting import plot_learning_curves
+from textgym_agents.tracking.plotting import plot_run
 
 if TYPE_CHECKING:  # the trainer imports this driver (PPOTrainer.train), never the reverse
     from textgym_agents.ppo.trainer import PPOTrainer
@@ -168,7 +168,7 @@ class TrainingRun:
             if process.is_main:
                 final = self.output_dir / "final"
                 write_or_stop(self.output_dir, final, lambda: trainer.policy.save(final))
-                plot_learning_curves([self.output_dir], self.output_dir / "learning_curve.png")
+                plot_run(self.output_dir)
         process.barrier()  # learn() returns everywhere once the run directory is complete
         return metrics
 

@@ -5,7 +5,7 @@
 """
 
 from textgym_agents.tracking.metrics_log import METRICS_FILE, REPORT_TO, MetricsLogger, read_metrics
-from textgym_agents.tracking.plotting import plot_learning_curves
+from textgym_agents.tracking.plotting import plot_learning_curves, plot_run, write_evaluations
 from textgym_agents.tracking.rollout_stats import (
     episode_metrics,
     episode_table,
@@ -20,7 +20,9 @@ __all__ = [
     "episode_metrics",
     "episode_table",
     "plot_learning_curves",
+    "plot_run",
     "read_metrics",
     "turn_metrics",
     "turn_table",
+    "write_evaluations",
 ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -14,7 +15,15 @@ import numpy as np
 from textgym_agents.runfiles.atomic import atomic_write_bytes
 from textgym_agents.tracking.metrics_log import METRICS_FILE, read_metrics
 
-__all__ = ["plot_learning_curves"]
+__all__ = ["EVALUATIONS_FILE", "plot_learning_curves", "plot_run", "write_evaluations"]
+
+EVALUATIONS_FILE = "evaluations.json"
+"""Greedy evaluations of a run (``textgym train``'s before and after), drawn on its curve."""
+_EVALUATED = {  # curve metric -> (evaluation value, its standard error)
+    "env/return_mean": ("mean_return", "se"),
+    "env/success_rate": ("success_rate", "success_se"),
+    "env/invalid_rate": ("invalid_rate", None),
+}
 
 
 def _moving_average(ys: np.ndarray, window: int) -> np.ndarray:
@@ -74,6 +83,7 @@ def plot_learning_curves(
         b'PNG'
     """
     from matplotlib.figure import Figure  # no pyplot: leaves the global backend alone
+    from matplotlib.ticker import MaxNLocator
 
     if not runs:
         raise ValueError("Expected at least one run directory or metrics file, got none")
@@ -85,6 +95,7 @@ def plot_learning_curves(
     if len(labels) != len(runs):
         raise ValueError(f"Expected {len(runs)} labels (one per run), got {len(labels)}")
     data = [read_metrics(run) for run in runs]
+    evaluations = [_read_evaluations(run) for run in runs]
     references = references or {}
 
     ncols = min(len(keys), 2)
@@ -100,6 +111,8 @@ def plot_learning_curves(
                 continue
             # A fixed colour per run keeps runs recognisable across subplots with gaps.
             ax.plot(xs, _moving_average(ys, smooth), color=f"C{i % 10}", label=label)
+        for i, points in enumerate(evaluations):
+            _draw_evaluations(ax, points, key, x_key, f"C{i % 10}")
         lines = references.get(key, {})
         if not isinstance(lines, Mapping):
             lines = {"reference": lines}
@@ -121,6 +134,7 @@ def plot_learning_curves(
         ax.set_title(key + suffix)
         ax.set_xlabel(x_key)
         ax.set_ylabel(key)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # updates and episodes are whole
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize="small")
@@ -132,3 +146,71 @@ def plot_learning_curves(
     out_path = Path(out_path)
     atomic_write_bytes(out_path, buffer.getvalue())
     return out_path
+
+
+def write_evaluations(run_dir: str | os.PathLike[str], points: Sequence[Mapping[str, Any]]) -> Path:
+    """Write a run's greedy evaluations (:data:`EVALUATIONS_FILE`) for :func:`plot_run`.
+
+    Each point holds ``name``, ``episodes`` (training episodes done when it was measured),
+    ``mean_return`` and ``se``, and where the env has them ``success_rate``, ``success_se``
+    and ``invalid_rate``.
+    """
+    from textgym_agents.runfiles.atomic import atomic_write_json
+
+    path = Path(run_dir) / EVALUATIONS_FILE
+    atomic_write_json(path, [dict(point) for point in points])
+    return path
+
+
+def plot_run(run_dir: str | os.PathLike[str]) -> Path:
+    """A run's ``learning_curve.png``: return, success and invalid rates against episodes.
+
+    Only the metrics the run logged get a subplot; the greedy evaluations of
+    :data:`EVALUATIONS_FILE`, where there are any, are drawn as points with standard-error bars.
+
+    Example:
+        >>> import tempfile
+        >>> from textgym_agents.tracking.metrics_log import MetricsLogger
+        >>> with MetricsLogger(tempfile.mkdtemp()) as m:
+        ...     for step in range(1, 4):
+        ...         m.log({"env/episodes": 4 * step, "env/return_mean": step / 3}, step=step)
+        >>> _ = write_evaluations(m.run_dir, [{"name": "base model", "episodes": 0,
+        ...                                    "mean_return": 0.1, "se": 0.05}])
+        >>> plot_run(m.run_dir).name
+        'learning_curve.png'
+    """
+    run_dir = Path(run_dir)
+    records = read_metrics(run_dir)
+    keys = [key for key in _EVALUATED if any(r.get(key) is not None for r in records)]
+    return plot_learning_curves(
+        [run_dir],
+        run_dir / "learning_curve.png",
+        keys=keys or ["env/return_mean"],
+        x_key="env/episodes",
+    )
+
+
+def _read_evaluations(run: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    path = Path(run)
+    path = (path.parent if path.name == METRICS_FILE else path) / EVALUATIONS_FILE
+    try:
+        points = json.loads(path.read_text())
+    except (OSError, ValueError):  # none, or unreadable: the curve alone
+        return []
+    return [p for p in points if isinstance(p, dict)] if isinstance(points, list) else []
+
+
+def _draw_evaluations(
+    ax: Any, points: list[dict[str, Any]], key: str, x_key: str, color: str
+) -> None:
+    """Greedy evaluations as points with standard-error bars (x: training episodes done)."""
+    if key not in _EVALUATED or x_key != "env/episodes":
+        return
+    value, error = _EVALUATED[key]
+    shown = [p for p in points if isinstance(p.get(value), int | float)]
+    if not shown:
+        return
+    xs = [float(p.get("episodes", 0)) for p in shown]
+    ys = [float(p[value]) for p in shown]
+    errors = [float(p.get(error) or 0.0) if error else 0.0 for p in shown]
+    ax.errorbar(xs, ys, yerr=errors, fmt="D", color=color, capsize=4, label="greedy evaluation")

@@ -56,6 +56,12 @@ def test_train_writes_the_run_and_summarises(run_dir):
     assert config["num_steps"] == 2 and config["kl_coef"] == 0.0 and config["progress"] is False
     info = json.loads((run / "cli.json").read_text())
     assert info["env"] == "textgym/Blackjack-v1" and info["episodes"] == 6
+    points = json.loads((run / "evaluations.json").read_text())  # drawn on the curve
+    assert [(p["name"], p["episodes"], p["evaluation_episodes"]) for p in points] == [
+        ("base model", 0, 2),
+        ("trained", 6, 2),
+    ]
+    assert all(p["se"] >= 0 and 0 <= p["success_rate"] <= 1 for p in points)
 
 
 def test_eval_plot_and_play_a_run(run_dir, tiny_dir, capsys, tmp_path):

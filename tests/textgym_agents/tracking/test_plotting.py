@@ -73,3 +73,33 @@ def test_plot_validates_arguments(tmp_path, kwargs, message):
     with pytest.raises(ValueError, match=message):
         plot_learning_curves(out_path=tmp_path / "x.png", **kwargs)
     assert not (tmp_path / "x.png").exists()
+
+
+def test_a_runs_curve_is_against_episodes_with_its_evaluations_as_error_bars(tmp_path, monkeypatch):
+    from matplotlib.axes import Axes
+
+    from textgym_agents.tracking.plotting import plot_run, write_evaluations
+
+    with MetricsLogger(tmp_path) as log:
+        for step in range(1, 4):
+            row = {"env/episodes": 5 * step, "env/return_mean": step, "env/invalid_rate": 0.1}
+            log.log(row, step=step)
+    write_evaluations(tmp_path, [
+        {"name": "base model", "episodes": 0, "mean_return": 0.5, "se": 0.2},
+        {"name": "trained", "episodes": 15, "mean_return": 2.5, "se": 0.3},
+    ])  # fmt: skip
+    drawn, titles = [], []
+    original_errorbar, original_title = Axes.errorbar, Axes.set_title
+    monkeypatch.setattr(
+        Axes,
+        "errorbar",
+        lambda ax, x, y, **kw: (
+            drawn.append((list(x), list(y), kw["yerr"])) or original_errorbar(ax, x, y, **kw)
+        ),
+    )
+    monkeypatch.setattr(
+        Axes, "set_title", lambda ax, t, *a, **kw: titles.append(t) or original_title(ax, t)
+    )
+    assert plot_run(tmp_path).read_bytes()[1:4] == b"PNG"
+    assert titles == ["env/return_mean", "env/invalid_rate"]  # no success rate logged: no plot
+    assert drawn[0] == ([0.0, 15.0], [0.5, 2.5], [0.2, 0.3])
