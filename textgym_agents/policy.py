@@ -120,8 +120,10 @@ class PPOPolicy(PolicyScoring):
         """Load a base model (the embedded SmolLM2 by default) and attach a fresh adapter.
 
         Args:
-            name_or_path: None for the embedded model, a local directory, a Hugging Face id
-                (from the local cache; nothing is downloaded here) or a ``.gguf`` path.
+            name_or_path: None for the embedded model (shipped with the package: nothing is
+                downloaded), a local directory, a ``.gguf`` path, or a Hugging Face id, which
+                transformers loads from the local HF cache or downloads (set
+                ``HF_HUB_OFFLINE=1`` to forbid downloads).
             gguf_file: GGUF file inside ``name_or_path``.
             dtype: Compute dtype of the frozen base model; None or ``"auto"`` picks bf16
                 where this machine runs it fast, else float32 (recorded in ``base_info``).

@@ -288,7 +288,8 @@ def load_model(
     Args:
         name_or_path: None or ``"embedded"`` for the embedded SmolLM2-135M-Instruct; a ``.gguf``
             file; a directory (with ``gguf_file`` naming a GGUF file in it, or saved with
-            ``save_pretrained``); or a Hugging Face id already in the local HF cache.
+            ``save_pretrained``); or a Hugging Face id, loaded from the local HF cache or
+            downloaded by transformers (``HF_HUB_OFFLINE=1`` forbids downloads).
         gguf_file: Name of a GGUF file inside the ``name_or_path`` directory.
         dtype: See `resolve_precision`; None or ``"auto"`` chooses per machine.
         device: See `resolve_device`; None means CUDA when available.
@@ -328,7 +329,7 @@ def load_model(
         except (OSError, ValueError) as error:
             raise OSError(
                 f"Could not load a model from {name!r}: tried it as a local directory and as a "
-                "Hugging Face id in the local HF cache (no downloads happen offline). Pass None "
+                "Hugging Face id (the local HF cache, then a download unless offline). Pass None "
                 f"for the embedded {EMBEDDED_MODEL}, or a .gguf file. Cause: {error}"
             ) from error
     model = model.to(device=resolved_device, dtype=resolved_dtype).eval()
