@@ -176,7 +176,7 @@ def behaviour_weight(turn: Turn) -> float:
         >>> import math, torch
         >>> turn = Turn([1], [2], reward=0.0, behaviour_logp=math.log(0.5))
         >>> turn.old_logps = torch.tensor([math.log(0.25)])
-        >>> behaviour_weight(turn)
+        >>> round(behaviour_weight(turn), 6)
         0.5
     """
     if turn.behaviour_logp is None:

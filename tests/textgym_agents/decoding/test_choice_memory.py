@@ -20,7 +20,8 @@ import torch
 
 from textgym import TextEnvWrapper
 from textgym.parsers import ActionParseError, ActionParser
-from textgym_agents import PPOConfig, PPOPolicy, PPOTrainer, scoring
+from textgym_agents import PPOConfig, PPOPolicy, PPOTrainer
+from textgym_agents.decoding import scoring
 from textgym_agents.testing import tiny_model
 
 

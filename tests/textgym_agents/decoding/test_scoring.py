@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from textgym_agents import PPOConfig, PPOPolicy, scoring
+from textgym_agents import PPOConfig, PPOPolicy
+from textgym_agents.decoding import scoring
 from textgym_agents.testing import tiny_model
 
 
