@@ -10,9 +10,8 @@ How the blocks run:
 What is substituted, so that they run offline in seconds:
 
 - The model: ``PPOPolicy.from_pretrained()`` and ``textgym_agents.model.loading.load_model()``
-called
-  without a model load the tiny random Llama of ``textgym_agents.testing.tiny_model`` (the
-  ``tiny_dir`` fixture) in float32 instead of the embedded SmolLM2.
+  called without a model load the tiny random Llama of ``textgym_agents.testing.tiny_model``
+  (the ``tiny_dir`` fixture) in float32 instead of the embedded SmolLM2.
 - Sizes, in the block's source text (`SMALL`): an integer keyword argument ``total_episodes=``,
   ``n_episodes=``, ``num_envs=``, ``group_size=`` or ``max_steps=`` above 2 becomes 2, and
   ``max_completion_length=`` becomes 8.

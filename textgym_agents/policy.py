@@ -1,12 +1,10 @@
 """``PPOPolicy``: chat messages in, reply text out — an LLM with a LoRA adapter and a value head.
 
-The policy only sees text, so it works with every textgym env. Generation is batched (left
-padding, KV cache; :mod:`textgym_agents.decoding.generation`), optionally restricted to the env's
-reply
+The policy only sees text, so it works with every textgym env. Generation is batched (left padding,
+KV cache; :mod:`textgym_agents.decoding.generation`), optionally restricted to the env's reply
 grammar (constrained decoding), or, with choice decoding, picks one of the env's valid replies by
 scoring them all; scoring for training lives in :mod:`textgym_agents.decoding.scoring`, the saved
-files
-in :mod:`textgym_agents.runfiles.policy_files`.
+files in :mod:`textgym_agents.runfiles.policy_files`.
 """
 
 from __future__ import annotations

@@ -262,7 +262,7 @@ def _clip(text: str, limit: int) -> str:
 
 
 def observation_text(obs: str, info: Any) -> str:
-    """The formatter of ``textgym/Calculator-v0``: the env already speaks text, so pass it on.
+    """The formatter of envs that already speak text (the calculator, reasoning-gym, TextArena).
 
     The spec names it ``"textgym.envs.calculator:observation_text"``.
 

@@ -25,6 +25,7 @@ from typing import Any
 import gymnasium as gym
 from pydantic import BaseModel, Field
 
+from textgym.envs.calculator import observation_text
 from textgym.extras import require
 from textgym.parsers import JSONActionParser
 from textgym.spaces import UnicodeText
@@ -38,7 +39,6 @@ __all__ = [
     "ReasoningGymEnv",
     "as_answer",
     "make_reasoning_gym_text_env",
-    "question_text",
 ]
 
 REASONING_GYM_TASKS = (
@@ -158,11 +158,6 @@ class AnswerParser(JSONActionParser):
         super().__init__(Answer, from_action=as_answer)
 
 
-def question_text(observation: str, info: dict[str, Any]) -> str:
-    """The formatter: the question (or the note to try again) as it is."""
-    return observation
-
-
 def make_reasoning_gym_text_env(
     task: str = "basic_arithmetic",
     *,
@@ -182,7 +177,7 @@ def make_reasoning_gym_text_env(
         **wrapper_kwargs: Passed to :class:`~textgym.wrappers.TextEnvWrapper`.
     """
     env = ReasoningGymEnv(task, attempts=attempts, config=config)
-    wrapper_kwargs.setdefault("formatter", question_text)
+    wrapper_kwargs.setdefault("formatter", observation_text)
     wrapper_kwargs.setdefault("parser", AnswerParser())
     wrapper_kwargs.setdefault("system_prompt", SYSTEM_PROMPT)
     wrapper_kwargs.setdefault("history", attempts)

@@ -29,6 +29,7 @@ from typing import Any
 
 import gymnasium as gym
 
+from textgym.envs.calculator import observation_text
 from textgym.extras import require
 from textgym.parsers import ActionParseError, ActionParser
 from textgym.spaces import UnicodeText
@@ -39,7 +40,6 @@ __all__ = [
     "TEXTARENA_GAMES",
     "RawReplyParser",
     "TextArenaSeatEnv",
-    "game_text",
     "make_textarena_text_env",
 ]
 
@@ -184,11 +184,6 @@ class TextArenaSeatEnv(gym.Env[str, str]):
         return "\n\n".join(part for part in [self.rules, *said] if part)
 
 
-def game_text(observation: str, info: dict[str, Any]) -> str:
-    """The formatter: the game's text as it is."""
-    return observation
-
-
 def make_textarena_text_env(
     game: str = "GuessTheNumber-v0",
     *,
@@ -210,7 +205,7 @@ def make_textarena_text_env(
         **wrapper_kwargs: Passed to :class:`~textgym.wrappers.TextEnvWrapper`.
     """
     env = TextArenaSeatEnv(game, num_players=num_players, seat=seat, opponents=opponents)
-    wrapper_kwargs.setdefault("formatter", game_text)
+    wrapper_kwargs.setdefault("formatter", observation_text)
     wrapper_kwargs.setdefault("parser", RawReplyParser())
     wrapper_kwargs.setdefault("system_prompt", SYSTEM_PROMPT)
     wrapper_kwargs.setdefault("history", 2)

@@ -72,16 +72,14 @@ class PolicyScoring:
     ) -> Scores:
         """Per-token log-probs of ``responses`` given ``prompts`` and the value of each prompt.
 
-        Log-probs use the sampling temperature, so they are those of the distribution that
-        generated the replies (for choices, the tempered distribution over the choices); a
-        reply sampled under a grammar (a
-        :class:`~textgym_agents.decoding.constrained.ConstrainedReply`)
-        is scored under the distribution renormalised over the tokens its grammar allowed,
-        entropy included. A row with
-        ``choices`` (its choices' token ids; the response is one of them) gets one log-prob,
+        Log-probs use the sampling temperature, so they are those of the distribution that generated
+        the replies (for choices, the tempered distribution over the choices); a reply sampled under
+        a grammar (a :class:`~textgym_agents.decoding.constrained.ConstrainedReply`) is scored under
+        the distribution renormalised over the tokens its grammar allowed, entropy included. A row
+        with ``choices`` (its choices' token ids; the response is one of them) gets one log-prob,
         that of the response under the distribution over its choices, in column 0 (entropy
-        likewise). With ``adapter=False`` the base model
-        (the PPO reference) is scored. Gradients flow when called outside ``torch.no_grad()``.
+        likewise). With ``adapter=False`` the base model (the PPO reference) is scored. Gradients
+        flow when called outside ``torch.no_grad()``.
         """
         if not adapter:
             with self.model.disable_adapter():
@@ -120,10 +118,9 @@ class PolicyScoring:
         """Distribution over each prompt's choices (token ids, see ``choice_ids``).
 
         Each prompt runs once and its choices on top of its key/value cache, at most
-        ``config.choice_batch_size`` choices per forward pass; a prompt with more choices
-        has them scored in pieces that are checkpointed under gradients, so memory does not
-        grow with the number of choices (see
-        :func:`~textgym_agents.decoding.choices.score_choices`).
+        ``config.choice_batch_size`` choices per forward pass; a prompt with more choices has them
+        scored in pieces that are checkpointed under gradients, so memory does not grow with the
+        number of choices (see :func:`~textgym_agents.decoding.choices.score_choices`).
         """
         return score_choices(
             self._choice_scorer,

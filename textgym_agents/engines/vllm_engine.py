@@ -2,10 +2,9 @@
 
 :class:`VLLMEngine` sends token ids to the server and returns the same
 :class:`~textgym_agents.decoding.generation.Generation` the HF path returns. Before each generation
-it
-checks whether the learner's LoRA weights changed (their in-place version counters) and, if so,
-saves the adapter to a fresh directory and loads it under a fresh name, then unloads the old
-one: the server's prefix cache is keyed by adapter name, so reusing a name would serve stale
+it checks whether the learner's LoRA weights changed (their in-place version counters) and, if so,
+saves the adapter to a fresh directory and loads it under a fresh name, then unloads the old one:
+the server's prefix cache is keyed by adapter name, so reusing a name would serve stale
 key/values. PPO's old log-probs still come from the trainer's own scoring pass.
 """
 

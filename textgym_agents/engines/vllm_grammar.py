@@ -1,16 +1,13 @@
 """Constrained decoding on a vLLM server, with the masks training scores under rebuilt here.
 
 The server samples each reply under the env's JSON schema with its llguidance backend
-(``--structured-outputs-config '{"backend": "guidance"}'``, which a started server gets), given
-the same grammar options as :class:`~textgym_agents.decoding.constrained.GrammarCompiler` (the
-schema's
+(``--structured-outputs-config '{"backend": "guidance"}'``, which a started server gets), given the
+same grammar options as :class:`~textgym_agents.decoding.constrained.GrammarCompiler` (the schema's
 ``x-guidance`` key). The server returns token ids, not masks, so :func:`replay` walks each reply
-through this process's own :class:`~textgym_agents.decoding.constrained.GrammarMask`: every
-position gets
-the mask the HF path would have applied, the reply becomes a
+through this process's own :class:`~textgym_agents.decoding.constrained.GrammarMask`: every position
+gets the mask the HF path would have applied, the reply becomes a
 :class:`~textgym_agents.decoding.constrained.ConstrainedReply`, and scoring renormalises over the
-same
-tokens as for an HF rollout (PPO's first ratio is exactly 1).
+same tokens as for an HF rollout (PPO's first ratio is exactly 1).
 
 Two things only this process knows: the token budget (a reply near ``max_new_tokens`` is forced
 to a short finish) and stop strings (EOS is forced once the grammar accepts and a stop string
@@ -44,8 +41,7 @@ def server_schema(schema: dict[str, Any]) -> dict[str, Any]:
     """``schema`` with the grammar options of our compiler, for the server's llguidance.
 
     Our compiler passes :data:`~textgym_agents.decoding.constrained.JSON_OPTIONS` as defaults that
-    the
-    schema's own ``x-guidance`` overrides; the server's backend reads ``x-guidance`` only.
+    the schema's own ``x-guidance`` overrides; the server's backend reads ``x-guidance`` only.
 
     Example:
         >>> server_schema({"enum": ["stick", "hit"]})["x-guidance"]["whitespace_flexible"]
@@ -65,9 +61,8 @@ def replay(grammar: GrammarMask, sampled: Sequence[Sequence[int]], budget: int) 
 
     Returns:
         Each row's reply as a :class:`~textgym_agents.decoding.constrained.ConstrainedReply`: the
-        server's
-        tokens, except where our mask forces others (a short finish near the budget, EOS after
-        a stop string).
+        server's tokens, except where our mask forces others (a short finish near the budget, EOS
+        after a stop string).
 
     Raises:
         VLLMResponseError: A server token our grammar forbids at a position it does not force.

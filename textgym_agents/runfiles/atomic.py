@@ -129,14 +129,13 @@ def load_tensors(path: str | os.PathLike[str], device: str = "cpu") -> dict[str,
 def atomic_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temp directory next to ``path`` that becomes ``path`` on a clean exit.
 
-    Files in it are fsynced, then it is renamed to ``path``. If ``path`` exists it is renamed
-    to ``path.old-<random>`` first, the new directory is renamed in, and the old one deleted.
-    A crash between those two renames leaves no ``path``: the previous version survives as
-    ``path.old-*`` and the new one as ``path.tmp-*``, both ignored by
+    Files in it are fsynced, then it is renamed to ``path``. If ``path`` exists it is renamed to
+    ``path.old-<random>`` first, the new directory is renamed in, and the old one deleted. A crash
+    between those two renames leaves no ``path``: the previous version survives as ``path.old-*``
+    and the new one as ``path.tmp-*``, both ignored by
     :func:`~textgym_agents.runfiles.checkpoint.latest_checkpoint` and removed by the next
     :func:`~textgym_agents.runfiles.checkpoint.save_checkpoint`. On an exception the temp directory
-    is
-    removed and ``path`` is untouched.
+    is removed and ``path`` is untouched.
 
     Example:
         >>> import tempfile, pathlib

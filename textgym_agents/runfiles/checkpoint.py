@@ -1,12 +1,10 @@
 """Durable, pickle-free checkpoint files: tensors go to safetensors, everything else to JSON.
 
 Every write is atomic (:mod:`textgym_agents.runfiles.atomic`: temp file or directory, fsync,
-rename), so
-a killed run leaves either the previous checkpoint or the new one, never a half-written file at
-a name that is read back. The manifest, written last, lists every file with its size and
-SHA-256 hash (:mod:`textgym_agents.runfiles.integrity`): a checkpoint damaged later (a partial
-copy, a
-full disk, bit rot) is recognised and skipped for the newest intact one.
+rename), so a killed run leaves either the previous checkpoint or the new one, never a half-written
+file at a name that is read back. The manifest, written last, lists every file with its size and
+SHA-256 hash (:mod:`textgym_agents.runfiles.integrity`): a checkpoint damaged later (a partial copy,
+a full disk, bit rot) is recognised and skipped for the newest intact one.
 """
 
 from __future__ import annotations

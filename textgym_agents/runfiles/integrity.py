@@ -1,11 +1,10 @@
 """File listings with sizes and SHA-256 hashes, so a damaged checkpoint or policy is refused.
 
 A directory written by :mod:`textgym_agents.runfiles.checkpoint` or
-:func:`~textgym_agents.runfiles.policy_files.
-save_policy` ends with a manifest listing every file beside it (its size and hash), written
-last. :func:`find_damage` compares a directory with its listing before anything is loaded:
-a truncated file (a full disk, a partial copy), a changed byte (bit rot) or a missing file is
-reported by name, instead of surfacing later as a raw library error.
+:func:`~textgym_agents.runfiles.policy_files.save_policy` ends with a manifest listing every file
+beside it (its size and hash), written last. :func:`find_damage` compares a directory with its
+listing before anything is loaded: a truncated file (a full disk, a partial copy), a changed byte
+(bit rot) or a missing file is reported by name, instead of surfacing later as a raw library error.
 
 Example:
     >>> import pathlib, tempfile

@@ -42,9 +42,14 @@ def _series(records: list[dict[str, Any]], x_key: str, key: str) -> tuple[np.nda
     return np.array([x for x, _ in points], float), np.array([y for _, y in points], float)
 
 
-def _default_label(run: str | os.PathLike[str]) -> str:
+def _run_dir(run: str | os.PathLike[str]) -> Path:
+    """The run directory of a run given as its directory or its ``metrics.jsonl``."""
     path = Path(run).resolve()
-    return path.parent.name if path.name == METRICS_FILE else path.name
+    return path.parent if path.name == METRICS_FILE else path
+
+
+def _default_label(run: str | os.PathLike[str]) -> str:
+    return _run_dir(run).name
 
 
 def plot_learning_curves(
@@ -191,8 +196,7 @@ def plot_run(run_dir: str | os.PathLike[str]) -> Path:
 
 
 def _read_evaluations(run: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    path = Path(run)
-    path = (path.parent if path.name == METRICS_FILE else path) / EVALUATIONS_FILE
+    path = _run_dir(run) / EVALUATIONS_FILE
     try:
         points = json.loads(path.read_text())
     except (OSError, ValueError):  # none, or unreadable: the curve alone
