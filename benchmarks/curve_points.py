@@ -80,7 +80,7 @@ def cell_config(envs: Any, seed: int, estimator: str, group_size: int, settings:
 
 
 def train_cell(
-    trainer: Any, run_dir: Path, episodes: int, curve: CurvePoints
+    trainer: Any, run_dir: Path, episodes: int, curve: Callable[[dict[str, float]], None]
 ) -> tuple[dict[str, float], float, int]:
     """Train to ``episodes`` (resuming from ``run_dir``'s last checkpoint), scoring on ``curve``.
 

@@ -31,6 +31,7 @@ import numpy as np
 
 import textgym  # noqa: F401  (registers the text envs)
 from textgym.checker import find_text_wrapper
+from textgym.curriculum import CurriculumProgress
 from textgym.episodes import reply_choices
 from textgym_agents import PPOPolicy, evaluate
 from textgym_agents.exceptions import SIGTERMExit
@@ -164,11 +165,19 @@ def run_cell(args: argparse.Namespace, env_name: str, estimator: str, seed: int)
     if result_file.exists():
         return json.loads(result_file.read_text())
     spec = ENVS[env_name]
-    envs = gym.make_vec(spec["id"], num_envs=args.num_envs, **spec["kwargs"])
+    cell.mkdir(parents=True, exist_ok=True)
+    # Training envs only: the scores start episodes where the env does.
+    progress, progress_file = None, cell / "curriculum.json"
+    train_kwargs = dict(spec["kwargs"])
+    if args.curriculum:
+        progress = CurriculumProgress(window=args.curriculum_window)
+        if progress_file.exists():  # resumed: the level reached (saved after every update)
+            progress.load_state_dict(json.loads(progress_file.read_text()))
+        train_kwargs["reverse_curriculum"] = progress
+    envs = gym.make_vec(spec["id"], num_envs=args.num_envs, **train_kwargs)
     config = cell_config(envs, seed, estimator, args.group_size, args.settings)
     policy = PPOPolicy.from_pretrained(args.model, config=config)
     curve_file = cell / "curve.jsonl"
-    cell.mkdir(parents=True, exist_ok=True)
     start_file = cell / "start.json"
     if not start_file.exists():
         start_file.write_text(json.dumps(untrained_score(args, env_name, policy)))
@@ -181,12 +190,16 @@ def run_cell(args: argparse.Namespace, env_name: str, estimator: str, seed: int)
             found["hits"] = "".join(LAST_TABLE)
         elif ENVS[env_name]["optimal"] == "tabular":  # the greedy move's initial, state by state
             found["table"] = "".join(LAST_TABLE)
+        if progress is not None:
+            found["curriculum_level"] = progress.level
         return found
 
     def report(done: int, found: dict[str, Any]) -> None:
         success = f", success {found['success']:.1%}" if "success" in found else ""
         if "sampling_return" in found:
             success += f", sampling {found['sampling_return']:.4f}"
+        if "curriculum_level" in found:
+            success += f", curriculum level {found['curriculum_level']}"
         print(
             f"  {env_name} {estimator} seed {seed}: {done} episodes, "
             f"greedy {found['return']:.4f}{success}"
@@ -194,7 +207,12 @@ def run_cell(args: argparse.Namespace, env_name: str, estimator: str, seed: int)
 
     curve = CurvePoints(curve_file, args.eval_every, measure, report)
 
-    metrics, seconds, episodes = train_cell(trainer, cell / "run", args.episodes, curve)
+    def after_update(metrics: dict[str, float]) -> None:
+        if progress is not None:
+            progress_file.write_text(json.dumps(progress.state_dict()))
+        curve(metrics)
+
+    metrics, seconds, episodes = train_cell(trainer, cell / "run", args.episodes, after_update)
     envs.close()
     after = final_point(curve_file, episodes, args) or score(policy, env_name, args.eval_episodes)
     result = {
@@ -318,6 +336,14 @@ def _main() -> None:
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--model", default=None, help="default: the embedded model")
     parser.add_argument("--settings", default="{}", help="JSON of extra PPOConfig settings")
+    parser.add_argument(
+        "--curriculum",
+        action="store_true",
+        help="tabular envs: start training episodes near the goal (textgym.curriculum)",
+    )
+    parser.add_argument(
+        "--curriculum-window", type=int, default=16, help="episodes per promotion decision"
+    )
     parser.add_argument("--out", default="runs/learning-suite")
     args = parser.parse_args()
     out = Path(args.out)

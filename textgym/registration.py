@@ -11,6 +11,7 @@ from typing import Any
 
 import gymnasium as gym
 
+from textgym.curriculum import CurriculumProgress, ReverseCurriculum
 from textgym.envs.classic import PRESETS, ReportSuccess
 from textgym.envs.minigrid_text import BABYAI_LEVELS
 from textgym.envs.pettingzoo_text import PETTINGZOO_GAMES
@@ -29,6 +30,7 @@ def make_text_env(
     env_id: str | Callable[..., gym.Env[Any, Any]],
     render_mode: str | None = None,
     preset: str | None = None,
+    reverse_curriculum: bool | CurriculumProgress = False,
     **kwargs: Any,
 ) -> TextEnvWrapper:
     """Entry point of registered text envs: make the base env, then wrap it.
@@ -37,6 +39,10 @@ def make_text_env(
         env_id: Base env id, or a callable returning the base env.
         render_mode: Passed to the base env.
         preset: Name of a built-in preset (formatter, action names, task prompt) to apply.
+        reverse_curriculum: Start episodes near the goal of a tabular world and move the start
+            back as the agent succeeds (:class:`~textgym.curriculum.ReverseCurriculum`): True,
+            or a :class:`~textgym.curriculum.CurriculumProgress` to share between env copies.
+            For training envs only.
         **kwargs: Options of :class:`TextEnvWrapper` go to the wrapper; all others go to the
             base env (e.g. ``map_name="8x8"`` for FrozenLake).
 
@@ -60,6 +66,9 @@ def make_text_env(
     if render_mode is not None:
         kwargs["render_mode"] = render_mode
     base = gym.make(env_id, **kwargs) if isinstance(env_id, str) else env_id(**kwargs)
+    if reverse_curriculum is not False:
+        progress = None if reverse_curriculum is True else reverse_curriculum
+        base = ReverseCurriculum(base, progress)
     if spec is not None and spec.success is not None:
         base = ReportSuccess(base, spec.success)
     return TextEnvWrapper(base, **wrapper_kwargs)

@@ -140,6 +140,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=2e-4,
         help="learning rate of the warm start (default: 2e-4; --learning-rate is PPO's)",
     )
+    parser.add_argument(
+        "--curriculum",
+        action="store_true",
+        default=None,
+        help="tabular worlds (FrozenLake, CliffWalking, Taxi): start training episodes near "
+        "the goal and move the start back as the agent succeeds; evaluations start where the "
+        "env does (default: off; on --resume, the run's own)",
+    )
     add_env_arg(parser)
     add_trust_arg(parser)
     from textgym_agents.ppo.config import PPOConfig  # no torch: --help stays quick
@@ -177,6 +185,7 @@ class _Plan:
     episodes: int
     num_envs: int
     eval_episodes: int
+    curriculum: bool
     config: Any
     out: Path
     checkpoint: Path | None
@@ -244,6 +253,16 @@ def _plan(args: argparse.Namespace, config_cls: Any) -> _Plan:
     env_args.update(file_train.get("env_args", {}))
     env_args.update(parse_env_args(args.env_arg))
     probe = make_env(env_id, env_args)  # fails early on an unknown env; lists its replies
+    if pick("curriculum", False):  # fails early on an env without a model to start near a goal
+        from textgym.curriculum import is_tabular
+
+        if not is_tabular(probe):
+            probe.close()
+            raise UsageError(
+                f"--curriculum needs a tabular world that publishes its model (env.unwrapped.P, "
+                f"as FrozenLake, CliffWalking and Taxi do); {env_id} does not"
+            )
+        make_env(env_id, {**env_args, "reverse_curriculum": True}).close()
     given = {**saved_ppo, **file_ppo, **flags}
     sources = {key: "the resumed run's config.json" for key in saved_ppo}
     sources.update({key: f"--config {args.config}" for key in file_ppo})
@@ -277,6 +296,7 @@ def _plan(args: argparse.Namespace, config_cls: Any) -> _Plan:
         episodes=pick("episodes", per_env["episodes"]),
         num_envs=pick("num_envs", per_env["num_envs"]),
         eval_episodes=pick("eval_episodes", per_env["eval_episodes"]),
+        curriculum=bool(pick("curriculum", False)),
         config=config,
         out=out,
         checkpoint=checkpoint,
@@ -357,6 +377,8 @@ def _train_locked(args: argparse.Namespace, agents: Any, process: Any, plan: _Pl
     print(f"Precision: {precision.get('dtype')} ({precision.get('reason')})", flush=True)
     info = {key: getattr(plan, key) for key in ("env_id", "env_args", "model", "episodes")}
     info.update(num_envs=plan.num_envs, eval_episodes=plan.eval_episodes, sft_data=args.sft_data)
+    if plan.curriculum:
+        info["curriculum"] = True
     if args.sft_data:
         info.update(sft_epochs=args.sft_epochs, sft_learning_rate=args.sft_learning_rate)
     if process.is_main:
@@ -384,9 +406,12 @@ def _train_locked(args: argparse.Namespace, agents: Any, process: Any, plan: _Pl
         if plan.eval_episodes:
             result = evaluate_policy(agents, policy, env, plan.eval_episodes)
             results.append(("after SFT", env_id, result))
-    envs = gym.make_vec(env_id, num_envs=plan.num_envs, **plan.env_args)
+    train_args, callback = _curriculum(plan, process)
+    envs = gym.make_vec(env_id, num_envs=plan.num_envs, **plan.env_args, **train_args)
     try:
-        policy.learn(envs, plan.episodes, output_dir=out, resume_from=plan.checkpoint)
+        policy.learn(
+            envs, plan.episodes, output_dir=out, resume_from=plan.checkpoint, callback=callback
+        )
     except (KeyboardInterrupt, agents.SIGTERMExit) as stop:  # Ctrl-C or SIGTERM
         from textgym_agents.runfiles.checkpoint import latest_checkpoint
 
@@ -427,6 +452,33 @@ def _train_locked(args: argparse.Namespace, agents: Any, process: Any, plan: _Pl
         f"textgym play {env_id} --policy {out}"
     )
     return 0
+
+
+def _curriculum(plan: _Plan, process: Any) -> tuple[dict[str, Any], Any]:
+    """The training envs' extra arguments and the trainer callback of ``--curriculum``.
+
+    One :class:`~textgym.curriculum.CurriculumProgress` is shared by the training envs and
+    written to ``curriculum.json`` in the run directory after every update; a resumed run
+    continues from the level written last.
+    """
+    if not plan.curriculum:
+        return {}, None
+    from textgym.atomic import atomic_write_json
+    from textgym.curriculum import CurriculumProgress
+
+    progress, file = CurriculumProgress(), plan.out / "curriculum.json"
+    if plan.checkpoint is not None and file.is_file():
+        try:
+            progress.load_state_dict(json.loads(file.read_text()))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise CLIError(f"{file} is unreadable ({one_line(e)}); fix or delete it") from e
+    print(f"Curriculum: episodes start near the goal (level {progress.level})", flush=True)
+
+    def save(metrics: Mapping[str, float]) -> None:
+        if process.is_main:
+            atomic_write_json(file, progress.state_dict())
+
+    return {"reverse_curriculum": progress}, save
 
 
 command = FunctionCommand(

@@ -305,3 +305,31 @@ def test_resume_of_a_finished_run_without_its_final_policy_writes_it(run_dir, tm
     assert "writing its final policy" in capsys.readouterr().out
     assert (run / "final" / "policy.json").is_file()
     PPOPolicy.load(run / "final")
+
+
+def test_curriculum_trains_near_the_goal_evaluates_from_the_start_and_resumes(
+    tiny_dir, tmp_path, capsys
+):
+    """`--curriculum`: the level is saved after every update and read back on --resume."""
+    args = ["train", "textgym/FrozenLake-v1", "-e", "is_slippery=false", "--model", tiny_dir]
+    args += ["--eval-episodes", "1", "--num-steps", "2", "--num-envs", "2", "--no-progress"]
+    run = tmp_path / "run"
+    assert main([*args, "--curriculum", "--episodes", "2", "--output", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "Curriculum: episodes start near the goal (level 1)" in out
+    assert json.loads((run / "cli.json").read_text())["curriculum"] is True
+    assert "reverse_curriculum" not in json.loads((run / "cli.json").read_text())["env_args"]
+    saved = json.loads((run / "curriculum.json").read_text())
+    assert saved["level"] == 1 and 1 <= len(saved["outcomes"]) <= 16
+    (run / "curriculum.json").write_text(json.dumps({"level": 3, "outcomes": []}))
+    assert main(["train", "--resume", str(run), "--episodes", "4", "--no-progress"]) == 0
+    assert "Curriculum: episodes start near the goal (level 3)" in capsys.readouterr().out
+    assert json.loads((run / "curriculum.json").read_text())["level"] >= 3
+
+
+def test_curriculum_on_an_env_without_a_model_is_a_usage_error(tmp_path, capsys):
+    args = ["train", "textgym/CartPole-v1", "--curriculum", "--output", str(tmp_path / "r")]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "--curriculum needs a tabular world" in err and "textgym/CartPole-v1 does not" in err
+    assert "Traceback" not in err

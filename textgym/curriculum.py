@@ -1,0 +1,233 @@
+"""Reverse curriculum for tabular worlds: start episodes near the goal, then move the start back.
+
+A cold-start agent on FrozenLake reaches the goal in about one sampled episode in a hundred, so
+almost every episode ends with the same return and no advantage estimator sees a difference
+between moves. :class:`ReverseCurriculum` starts training episodes a few moves from the goal,
+where random moves often succeed, and moves the start back as the agent succeeds, until
+episodes start where the env itself starts them (after Florensa et al., "Reverse Curriculum
+Generation for Reinforcement Learning", 2017).
+
+It works on Gymnasium's toy-text worlds (FrozenLake, CliffWalking, Taxi): they publish their
+whole model as ``env.unwrapped.P`` (``P[s][a]`` lists ``(probability, next state, reward,
+terminated)``) and keep their state in ``env.unwrapped.s``, so the distance of every state to
+the goal is known and a start state can be set. The goal states are those entered by a
+terminating transition with the highest reward among terminating transitions (FrozenLake's
+goal pays 1, its holes 0; CliffWalking and Taxi terminate only at their goal).
+
+Use it for training envs only: evaluate on the env's own start states.
+
+    >>> import gymnasium as gym
+    >>> env = ReverseCurriculum(gym.make("FrozenLake-v1", is_slippery=False))
+    >>> obs, info = env.reset(seed=0)
+    >>> obs, info["curriculum_level"], env.distances[obs]  # one move from the goal
+    (14, 1, 1)
+    >>> env.step(2)[1:3]  # right: the goal
+    (1, True)
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Mapping
+from typing import Any, SupportsFloat
+
+import gymnasium as gym
+import numpy as np
+
+__all__ = ["CurriculumProgress", "ReverseCurriculum", "goal_distances", "is_tabular"]
+
+
+def is_tabular(env: gym.Env[Any, Any]) -> bool:
+    """Whether an env (under any wrappers) publishes its model, as the toy-text worlds do.
+
+    Example:
+        >>> is_tabular(gym.make("FrozenLake-v1")), is_tabular(gym.make("CartPole-v1"))
+        (True, False)
+    """
+    return all(hasattr(env.unwrapped, key) for key in ("P", "initial_state_distrib"))
+
+
+class CurriculumProgress:
+    """How far back a :class:`ReverseCurriculum` starts episodes; shareable between env copies.
+
+    Level ``L`` starts episodes uniformly among the states at most ``L`` moves from the goal.
+    When ``promote_at`` of the last ``window`` episodes started at the current level reached the
+    goal, the level goes up by one (episodes started before the promotion no longer count).
+    Above the largest distance the curriculum is over and episodes start as the env starts them.
+
+    The copies of a synchronous vector env (``gym.make_vec(..., reverse_curriculum=progress)``)
+    can share one object, so every copy's episodes count towards the same level.
+
+    Args:
+        window: Episodes per decision.
+        promote_at: Success rate over the window that moves the start back.
+        level: The starting level (1: one move from the goal).
+
+    Example:
+        >>> progress = CurriculumProgress(window=2, promote_at=0.5)
+        >>> progress.record(True, level=1); progress.level
+        1
+        >>> progress.record(False, level=1); progress.level
+        2
+    """
+
+    def __init__(self, window: int = 16, promote_at: float = 0.5, level: int = 1) -> None:
+        if window < 1:
+            raise ValueError(f"window must be at least 1, got {window}")
+        if not 0.0 < promote_at <= 1.0:
+            raise ValueError(f"promote_at must be in (0, 1], got {promote_at}")
+        if level < 1:
+            raise ValueError(f"level must be at least 1, got {level}")
+        self.window = window
+        self.promote_at = promote_at
+        self.level = level
+        self.outcomes: deque[bool] = deque(maxlen=window)
+
+    def record(self, success: bool, level: int) -> None:
+        """Count an episode that started at ``level``; promote when the window is good enough."""
+        if level != self.level:
+            return
+        self.outcomes.append(bool(success))
+        if len(self.outcomes) == self.window and np.mean(self.outcomes) >= self.promote_at:
+            self.level += 1
+            self.outcomes.clear()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The level and the current window's outcomes, for a checkpoint."""
+        return {"level": self.level, "outcomes": list(self.outcomes)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+        self.level = int(state["level"])
+        self.outcomes = deque((bool(o) for o in state["outcomes"]), maxlen=self.window)
+
+    def __repr__(self) -> str:
+        return f"CurriculumProgress(level={self.level}, outcomes={list(self.outcomes)})"
+
+
+def goal_distances(
+    transitions: Mapping[int, Mapping[int, Iterable[tuple[float, Any, float, bool]]]],
+    initial: np.ndarray,
+) -> tuple[dict[int, int], set[int]]:
+    """Fewest moves from each reachable state to a goal, over moves with nonzero probability.
+
+    Args:
+        transitions: A toy-text env's ``P``.
+        initial: Its initial-state distribution.
+
+    Returns:
+        ``(distances, goals)``: the distance of every non-terminal state that can be reached
+        from a start state and can reach a goal; the goal states.
+
+    Example:
+        >>> env = gym.make("FrozenLake-v1", is_slippery=False).unwrapped
+        >>> distances, goals = goal_distances(env.P, env.initial_state_distrib)
+        >>> goals, distances[0], distances[14], 5 in distances  # 5 is a hole
+        ({15}, 6, 1, False)
+    """
+    ending = [
+        (int(s2), float(r))
+        for moves in transitions.values()
+        for outcomes in moves.values()
+        for p, s2, r, done in outcomes
+        if done and p > 0
+    ]
+    if not ending:
+        raise ValueError("No transition ends an episode: there is no goal to start near")
+    best = max(r for _, r in ending)
+    goals = {s2 for s2, r in ending if r == best}
+    failures = {s2 for s2, r in ending if r != best} - goals
+    successors: dict[int, set[int]] = {}
+    for s, moves in transitions.items():
+        for outcomes in moves.values():
+            for p, s2, *_ in outcomes:
+                if p > 0:
+                    successors.setdefault(int(s), set()).add(int(s2))
+    # Reachable from a start state without passing through a terminal state.
+    reachable = {int(s) for s in np.flatnonzero(np.asarray(initial) > 0)}
+    frontier = list(reachable)
+    while frontier:
+        s = frontier.pop()
+        if s in goals or s in failures:
+            continue
+        for s2 in successors.get(s, ()):
+            if s2 not in reachable:
+                reachable.add(s2)
+                frontier.append(s2)
+    predecessors: dict[int, set[int]] = {}
+    for s, nexts in successors.items():
+        if s in reachable and s not in goals and s not in failures:
+            for s2 in nexts:
+                predecessors.setdefault(s2, set()).add(s)
+    distances: dict[int, int] = {}
+    frontier, depth = sorted(goals), 0
+    seen = set(goals)
+    while frontier:
+        depth += 1
+        step = sorted({s for s2 in frontier for s in predecessors.get(s2, ())} - seen)
+        seen.update(step)
+        distances.update(dict.fromkeys(step, depth))
+        frontier = step
+    return distances, goals
+
+
+class ReverseCurriculum(gym.Wrapper[Any, Any, Any, Any]):
+    """Start episodes near the goal of a tabular world; move the start back as the agent succeeds.
+
+    Each reset resets the env (so its random generator follows the seed), then, while the
+    curriculum runs, moves the agent to a state drawn uniformly from those at most
+    ``progress.level`` moves from the goal (drawn with the env's generator: a seed gives the
+    same start, as groups of same-seed episodes need). Every finished episode is recorded in
+    ``progress`` (one cut off from outside, by a time limit, as a failure at the next reset);
+    ``info["curriculum_level"]`` says the level an episode started at (0 once the curriculum is
+    over and the env's own start is used).
+
+    Args:
+        env: A toy-text env (``unwrapped.P``, ``unwrapped.s``, ``unwrapped.initial_state_distrib``).
+        progress: The level to follow, shared or not; defaults to a new
+            :class:`CurriculumProgress`.
+
+    Example:
+        >>> progress = CurriculumProgress(level=7)  # FrozenLake 4x4: at most 6 moves
+        >>> env = ReverseCurriculum(gym.make("FrozenLake-v1"), progress)
+        >>> env.reset(seed=0)
+        (0, {'prob': 1, 'curriculum_level': 0})
+    """
+
+    def __init__(self, env: gym.Env[Any, Any], progress: CurriculumProgress | None = None) -> None:
+        super().__init__(env)
+        base = env.unwrapped
+        if not is_tabular(env):
+            raise TypeError(
+                f"ReverseCurriculum needs a tabular toy-text env (P, initial_state_distrib); "
+                f"{base!r} lacks them"
+            )
+        self.progress = CurriculumProgress() if progress is None else progress
+        self.distances, self.goals = goal_distances(base.P, base.initial_state_distrib)
+        if not self.distances:
+            raise ValueError(f"No state of {base!r} can reach a goal")
+        self.max_distance = max(self.distances.values())
+        self._level = 0
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, dict[str, Any]]:
+        """Reset the env, then move the agent to a start state of the current level."""
+        if self._level:  # the last episode was cut off from outside (a time limit): a failure
+            self.progress.record(False, self._level)
+        obs, info = self.env.reset(seed=seed, options=options)
+        level = self.progress.level
+        self._level = 0 if level > self.max_distance else level
+        if self._level:
+            near = sorted(s for s, d in self.distances.items() if d <= self._level)
+            obs = near[int(self.env.unwrapped.np_random.integers(len(near)))]
+            self.env.unwrapped.s = obs
+        return obs, {**info, "curriculum_level": self._level}
+
+    def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
+        """Step the env; at the end of an episode, record whether it reached the goal."""
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        if (terminated or truncated) and self._level:
+            self.progress.record(terminated and int(obs) in self.goals, self._level)
+            self._level = 0
+        return obs, reward, terminated, truncated, info
