@@ -62,6 +62,15 @@ ENVS: dict[str, dict[str, Any]] = {
         "kwargs": {"is_slippery": False},
         "optimal": "tabular",
     },
+    # The same lake, its observations also saying where the goal is and where each move leads.
+    "frozenlake-surroundings": {
+        "id": "textgym/FrozenLake-v1",
+        "kwargs": {
+            "is_slippery": False,
+            "formatter": "textgym.envs.classic:FrozenLakeSurroundingsFormatter",
+        },
+        "optimal": "tabular",
+    },
     "frozenlake-slippery": {
         "id": "textgym/FrozenLake-v1",
         "kwargs": {"is_slippery": True},
@@ -170,7 +179,11 @@ def run_cell(args: argparse.Namespace, env_name: str, estimator: str, seed: int)
     progress, progress_file = None, cell / "curriculum.json"
     train_kwargs = dict(spec["kwargs"])
     if args.curriculum:
-        progress = CurriculumProgress(window=args.curriculum_window)
+        progress = CurriculumProgress(
+            window=args.curriculum_window,
+            demote_below=args.curriculum_demote,
+            level=args.curriculum_level,
+        )
         if progress_file.exists():  # resumed: the level reached (saved after every update)
             progress.load_state_dict(json.loads(progress_file.read_text()))
         train_kwargs["reverse_curriculum"] = progress
@@ -343,6 +356,18 @@ def _main() -> None:
     )
     parser.add_argument(
         "--curriculum-window", type=int, default=16, help="episodes per promotion decision"
+    )
+    parser.add_argument(
+        "--curriculum-demote",
+        type=float,
+        default=0.0,
+        help="success rate under which the curriculum moves the start forward again (0: never)",
+    )
+    parser.add_argument(
+        "--curriculum-level",
+        type=int,
+        default=1,
+        help="the curriculum's first level: the farthest start, in moves from the goal",
     )
     parser.add_argument("--out", default="runs/learning-suite")
     args = parser.parse_args()

@@ -52,8 +52,10 @@ class CurriculumProgress:
 
     Level ``L`` starts episodes uniformly among the states at most ``L`` moves from the goal.
     When ``promote_at`` of the last ``window`` episodes started at the current level reached the
-    goal, the level goes up by one (episodes started before the promotion no longer count).
-    Above the largest distance the curriculum is over and episodes start as the env starts them.
+    goal, the level goes up by one; when fewer than ``demote_below`` did, it goes down by one
+    (never below 1). Either way the window starts afresh: episodes started at another level do
+    not count. Above the largest distance the curriculum is over and episodes start as the env
+    starts them.
 
     The copies of a synchronous vector env (``gym.make_vec(..., reverse_curriculum=progress)``)
     can share one object, so every copy's episodes count towards the same level.
@@ -61,6 +63,8 @@ class CurriculumProgress:
     Args:
         window: Episodes per decision.
         promote_at: Success rate over the window that moves the start back.
+        demote_below: Success rate over the window under which the start moves forward again
+            (0: never).
         level: The starting level (1: one move from the goal).
 
     Example:
@@ -71,15 +75,20 @@ class CurriculumProgress:
         2
     """
 
-    def __init__(self, window: int = 16, promote_at: float = 0.5, level: int = 1) -> None:
+    def __init__(
+        self, window: int = 16, promote_at: float = 0.5, demote_below: float = 0.0, level: int = 1
+    ) -> None:
         if window < 1:
             raise ValueError(f"window must be at least 1, got {window}")
         if not 0.0 < promote_at <= 1.0:
             raise ValueError(f"promote_at must be in (0, 1], got {promote_at}")
+        if not 0.0 <= demote_below < promote_at:
+            raise ValueError(f"demote_below must be in [0, promote_at), got {demote_below}")
         if level < 1:
             raise ValueError(f"level must be at least 1, got {level}")
         self.window = window
         self.promote_at = promote_at
+        self.demote_below = demote_below
         self.level = level
         self.outcomes: deque[bool] = deque(maxlen=window)
 
@@ -88,8 +97,14 @@ class CurriculumProgress:
         if level != self.level:
             return
         self.outcomes.append(bool(success))
-        if len(self.outcomes) == self.window and np.mean(self.outcomes) >= self.promote_at:
+        if len(self.outcomes) < self.window:
+            return
+        rate = float(np.mean(self.outcomes))
+        if rate >= self.promote_at:
             self.level += 1
+            self.outcomes.clear()
+        elif rate < self.demote_below and self.level > 1:
+            self.level -= 1
             self.outcomes.clear()
 
     def state_dict(self) -> dict[str, Any]:

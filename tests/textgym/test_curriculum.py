@@ -64,6 +64,20 @@ def test_successes_promote_failures_do_not():
     assert failing.level == 1 and list(failing.outcomes) == [False] * 4
 
 
+def test_a_failing_window_moves_the_start_forward_again_but_not_past_level_one():
+    progress = CurriculumProgress(window=2, promote_at=0.5, demote_below=0.25, level=2)
+    progress.record(False, level=2)
+    progress.record(False, level=2)
+    assert progress.level == 1 and not progress.outcomes
+    progress.record(False, level=1)
+    progress.record(False, level=1)
+    assert progress.level == 1
+    kept = CurriculumProgress(window=2, promote_at=0.5, level=2)  # demote_below 0: never
+    kept.record(False, level=2)
+    kept.record(False, level=2)
+    assert kept.level == 2 and list(kept.outcomes) == [False, False]
+
+
 def test_time_limit_cut_counts_as_failure():
     progress = CurriculumProgress(window=2, promote_at=0.5)
     env = gym.wrappers.TimeLimit(ReverseCurriculum(lake(), progress), max_episode_steps=1)
@@ -106,7 +120,12 @@ def test_progress_state_round_trips():
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
-    [({"window": 0}, "window"), ({"promote_at": 0.0}, "promote_at"), ({"level": 0}, "level")],
+    [
+        ({"window": 0}, "window"),
+        ({"promote_at": 0.0}, "promote_at"),
+        ({"demote_below": 0.5}, "demote_below"),
+        ({"level": 0}, "level"),
+    ],
 )
 def test_bad_progress_settings_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):

@@ -22,6 +22,7 @@ __all__ = [
     "CartPoleFormatter",
     "CliffWalkingFormatter",
     "FrozenLakeFormatter",
+    "FrozenLakeSurroundingsFormatter",
     "MountainCarFormatter",
     "PendulumFormatter",
     "TaxiFormatter",
@@ -84,6 +85,56 @@ class FrozenLakeFormatter(_GridFormatter):
         self.rows = [b"".join(row).decode() for row in desc]
 
     NOTES = {"H": " You fell into a hole.", "G": " You reached the goal."}
+
+
+class FrozenLakeSurroundingsFormatter(FrozenLakeFormatter):
+    """FrozenLake's map, plus in words where the goal is and where each move leads.
+
+    The plain map leaves a small model to find its own cell in a grid of letters; this one also
+    says what each move reaches (in the action order left, down, right, up), so a rule such as
+    "head for the goal, never step into a hole" is a matter of words next to the move's name.
+    Pass it as the ``formatter`` of ``textgym/FrozenLake-v1``.
+
+    Example:
+        >>> import gymnasium as gym
+        >>> fmt = FrozenLakeSurroundingsFormatter()
+        >>> fmt.bind(gym.make("FrozenLake-v1"))
+        >>> where, words, *drawn = fmt(6, {}).splitlines()
+        >>> for sentence in words.split(". "):
+        ...     print(sentence)
+        The goal is 2 rows down and 1 column right
+        Left is a hole, down is ice, right is a hole, up is ice.
+        >>> drawn
+        ['SFFF', 'FHPH', 'FFFH', 'HFFG']
+    """
+
+    WORDS = {"F": "ice", "S": "ice (the start)", "H": "a hole", "G": "the goal"}
+    MOVES = (("Left", 0, -1), ("down", 1, 0), ("right", 0, 1), ("up", -1, 0))
+
+    def format(self, obs: Any, info: Mapping[str, Any]) -> str:
+        """The map with the agent, the goal's direction and what each move reaches."""
+        where, drawn = super().format(obs, info).split("\n", 1)
+        row, col = divmod(int(obs), len(self.rows[0]))
+        goal = divmod("".join(self.rows).index("G"), len(self.rows[0]))
+        if (row, col) == goal:
+            return f"{where}\n{drawn}"
+        rows, cols = goal[0] - row, goal[1] - col
+        parts = [_steps(rows, "row", "down", "up"), _steps(cols, "column", "right", "left")]
+        heading = "The goal is " + " and ".join(p for p in parts if p) + "."
+        around = []
+        for name, dr, dc in self.MOVES:
+            r, c = row + dr, col + dc
+            inside = 0 <= r < len(self.rows) and 0 <= c < len(self.rows[0])
+            what = self.WORDS[self.rows[r][c]] if inside else "the edge (you stay)"
+            around.append(f"{name} is {what}")
+        return f"{where}\n{heading} {', '.join(around)}.\n{drawn}"
+
+
+def _steps(n: int, unit: str, forward: str, back: str) -> str:
+    """``2 rows down``, ``1 column left``; empty for 0."""
+    if n == 0:
+        return ""
+    return f"{abs(n)} {unit}{'s' if abs(n) != 1 else ''} {forward if n > 0 else back}"
 
 
 class CliffWalkingFormatter(_GridFormatter):
