@@ -307,6 +307,7 @@ def test_resume_of_a_finished_run_without_its_final_policy_writes_it(run_dir, tm
     PPOPolicy.load(run / "final")
 
 
+@pytest.mark.slow  # two short training runs: about a minute
 def test_curriculum_trains_near_the_goal_evaluates_from_the_start_and_resumes(
     tiny_dir, tmp_path, capsys
 ):
