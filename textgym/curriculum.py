@@ -195,7 +195,8 @@ class ReverseCurriculum(gym.Wrapper[Any, Any, Any, Any]):
     same start, as groups of same-seed episodes need). Every finished episode is recorded in
     ``progress`` (one cut off from outside, by a time limit, as a failure at the next reset);
     ``info["curriculum_level"]`` says the level an episode started at (0 once the curriculum is
-    over and the env's own start is used).
+    over and the env's own start is used). Episodes from the env's own start are recorded only
+    when ``progress.demote_below`` is set, so that failing there sends the start forward again.
 
     Args:
         env: A toy-text env (``unwrapped.P``, ``unwrapped.s``, ``unwrapped.initial_state_distrib``).
@@ -232,12 +233,15 @@ class ReverseCurriculum(gym.Wrapper[Any, Any, Any, Any]):
             self.progress.record(False, self._level)
         obs, info = self.env.reset(seed=seed, options=options)
         level = self.progress.level
-        self._level = 0 if level > self.max_distance else level
-        if self._level:
-            near = sorted(s for s, d in self.distances.items() if d <= self._level)
+        own_start = level > self.max_distance
+        # Past the farthest state episodes start where the env starts them; they still count
+        # where a failing window can send the start forward again.
+        self._level = 0 if own_start and not self.progress.demote_below else level
+        if not own_start:
+            near = sorted(s for s, d in self.distances.items() if d <= level)
             obs = near[int(self.env.unwrapped.np_random.integers(len(near)))]
             self.env.unwrapped.s = obs
-        return obs, {**info, "curriculum_level": self._level}
+        return obs, {**info, "curriculum_level": 0 if own_start else level}
 
     def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
         """Step the env; at the end of an episode, record whether it reached the goal."""

@@ -108,6 +108,18 @@ def test_past_the_farthest_state_episodes_start_where_the_env_starts_them():
     assert progress.level == 7 and not progress.outcomes  # nothing recorded after the end
 
 
+def test_with_demotion_failing_from_the_env_start_brings_the_curriculum_back():
+    progress = CurriculumProgress(window=2, demote_below=0.25, level=7)
+    env = ReverseCurriculum(lake(), progress)
+    for seed in range(2):
+        obs, info = env.reset(seed=seed)
+        assert obs == 0 and info["curriculum_level"] == 0
+        env.step(0)  # left into the edge: the episode goes on, cut by the next reset
+    env.reset(seed=2)
+    assert progress.level == 6  # two failures from the env's own start
+    assert env.reset(seed=3)[1]["curriculum_level"] == 6
+
+
 def test_progress_state_round_trips():
     progress = CurriculumProgress(window=3, promote_at=1.0, level=2)
     progress.record(True, level=2)
