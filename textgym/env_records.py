@@ -22,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -34,6 +35,7 @@ from textgym.checker import find_text_wrapper
 from textgym.trust import check_env_spec
 
 __all__ = [
+    "TRAINING_ONLY",
     "check_record",
     "env_record",
     "make_recorded_env",
@@ -41,6 +43,9 @@ __all__ = [
     "system_prompt_of",
 ]
 
+TRAINING_ONLY = {"reverse_curriculum": "ReverseCurriculum"}
+"""``gym.make`` options that shape training episodes only, never the env a policy is scored on,
+and the wrapper each adds."""
 _CONTEXT = 60  # characters of each prompt shown around the first difference
 
 
@@ -80,10 +85,20 @@ def env_record(env: gym.Env[Any, Any] | VectorEnv) -> dict[str, Any]:
     Returns:
         ``{"id", "spec", "system_prompt"}``: ``spec`` is the spec's JSON text; when the spec
         holds an object JSON cannot describe (a formatter instance, a lambda), ``spec`` is None
-        and ``spec_error`` says why (pass such parts by importable name to keep it).
+        and ``spec_error`` says why (pass such parts by importable name to keep it). Options
+        of training envs only (:data:`TRAINING_ONLY`) are left out of ``spec`` and listed in
+        ``training_only``.
     """
     spec = _spec_of(env)
     record: dict[str, Any] = {"id": spec.id if spec is not None else None, "spec": None}
+    if spec is not None and set(spec.kwargs) & set(TRAINING_ONLY):
+        # The env a policy is evaluated on starts where the env does: the record leaves the
+        # training-only options out and names them.
+        record["training_only"] = sorted(set(spec.kwargs) & set(TRAINING_ONLY))
+        kept = {k: v for k, v in spec.kwargs.items() if k not in TRAINING_ONLY}
+        dropped = {TRAINING_ONLY[k] for k in record["training_only"]}
+        wrappers = tuple(w for w in spec.additional_wrappers if w.name not in dropped)
+        spec = dataclasses.replace(spec, kwargs=kept, additional_wrappers=wrappers)
     if spec is None:
         record["spec_error"] = "the env has no spec (it was not made with gym.make)"
     else:

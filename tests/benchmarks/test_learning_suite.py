@@ -81,6 +81,21 @@ def test_babyai_trains_on_short_episodes_and_prints_the_bot_beside_random(tiny_d
     assert curve and all("success" in json.loads(line) for line in curve)
 
 
+@pytest.mark.slow
+def test_curriculum_cells_save_their_level_and_report_it_on_the_curve(tiny_dir, tmp_path):
+    out = tmp_path / "suite"
+    extra = ("--seeds", "0", "--curriculum", "--curriculum-window", "2")
+    extra += ("--curriculum-demote", "0.1", "--curriculum-level", "2")
+    stdout = run_suite(tiny_dir, out, *extra, envs="frozenlake", estimators="gigpo")
+    cell = out / "frozenlake" / "gigpo-seed0"
+    level = json.loads((cell / "curriculum.json").read_text())["level"]
+    points = [json.loads(line) for line in (cell / "curve.jsonl").read_text().splitlines()]
+    assert points and all(point["curriculum_level"] >= 1 for point in points)
+    assert points[-1]["curriculum_level"] == level and "curriculum level" in stdout
+    spec = json.loads((cell / "run" / "config.json").read_text())["env"]["spec"]
+    assert "reverse_curriculum" not in spec  # a live object: the training envs' only
+
+
 def test_the_last_curve_point_is_the_final_score_only_when_measured_the_same_way(tmp_path):
     from argparse import Namespace
 

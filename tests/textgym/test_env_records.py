@@ -102,3 +102,20 @@ def test_probing_an_async_vector_env_of_plain_chat_envs_leaves_its_workers_alive
         envs.step(["a", "b"])  # a worker that had raised AttributeError would be gone
     finally:
         envs.close()
+
+
+def test_a_curriculum_is_left_out_of_the_recorded_env_and_named():
+    from textgym.curriculum import CurriculumProgress
+
+    envs = gym.make_vec(
+        "textgym/FrozenLake-v1",
+        num_envs=2,
+        is_slippery=False,
+        reverse_curriculum=CurriculumProgress(),
+    )
+    record = env_record(envs)
+    assert record["training_only"] == ["reverse_curriculum"]
+    rebuilt = make_recorded_env(record)  # the env a policy is scored on: the env's own start
+    messages, info = rebuilt.reset(seed=0)
+    assert "row 0, column 0" in messages[-1]["content"] and "curriculum_level" not in info
+    assert rebuilt.unwrapped.spec.kwargs["is_slippery"] is False
