@@ -185,7 +185,7 @@ def run_cell(args: argparse.Namespace, env_name: str, estimator: str, seed: int)
             level=args.curriculum_level,
         )
         if progress_file.exists():  # resumed: the level reached (saved after every update)
-            progress.load_state_dict(json.loads(progress_file.read_text()))
+            progress.load(progress_file)
         train_kwargs["reverse_curriculum"] = progress
     envs = gym.make_vec(spec["id"], num_envs=args.num_envs, **train_kwargs)
     config = cell_config(envs, seed, estimator, args.group_size, args.settings)
@@ -222,7 +222,7 @@ def run_cell(args: argparse.Namespace, env_name: str, estimator: str, seed: int)
 
     def after_update(metrics: dict[str, float]) -> None:
         if progress is not None:
-            progress_file.write_text(json.dumps(progress.state_dict()))
+            progress.save(progress_file)
         curve(metrics)
 
     metrics, seconds, episodes = train_cell(trainer, cell / "run", args.episodes, after_update)

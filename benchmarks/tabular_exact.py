@@ -42,6 +42,7 @@ import gymnasium as gym
 import numpy as np
 
 from textgym.checker import find_text_wrapper
+from textgym.curriculum import is_tabular
 
 try:
     from blackjack_learning import state_choice_logps
@@ -52,7 +53,7 @@ except ImportError:  # imported as benchmarks.tabular_exact
 def _model(env: gym.Env) -> tuple[dict[int, dict[int, list[tuple]]], np.ndarray]:
     """The env's transition table ``P`` and its initial-state distribution."""
     base = env.unwrapped
-    if not hasattr(base, "P"):
+    if not is_tabular(env):
         raise TypeError(f"{base!r} publishes no transition table P: not a tabular toy-text env")
     return base.P, np.asarray(base.initial_state_distrib, dtype=float)
 

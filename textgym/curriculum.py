@@ -27,12 +27,17 @@ Use it for training envs only: evaluate on the env's own start states.
 
 from __future__ import annotations
 
+import json
+import os
 from collections import deque
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any, SupportsFloat
 
 import gymnasium as gym
 import numpy as np
+
+from textgym.atomic import atomic_write_json
 
 __all__ = ["CurriculumProgress", "ReverseCurriculum", "goal_distances", "is_tabular"]
 
@@ -115,6 +120,26 @@ class CurriculumProgress:
         """Restore what :meth:`state_dict` returned."""
         self.level = int(state["level"])
         self.outcomes = deque((bool(o) for o in state["outcomes"]), maxlen=self.window)
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write :meth:`state_dict` to ``path`` as JSON, atomically (after every update, say).
+
+        Example:
+            >>> import tempfile, pathlib
+            >>> path = pathlib.Path(tempfile.mkdtemp()) / "curriculum.json"
+            >>> CurriculumProgress(level=3).save(path)
+            >>> restored = CurriculumProgress()
+            >>> restored.load(path); restored.level
+            3
+        """
+        atomic_write_json(path, self.state_dict())
+
+    def load(self, path: str | os.PathLike[str]) -> None:
+        """Restore the state :meth:`save` wrote (``OSError``/``ValueError`` if unreadable)."""
+        try:
+            self.load_state_dict(json.loads(Path(path).read_text()))
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"not a curriculum state: {e!r}") from e
 
     def __repr__(self) -> str:
         return f"CurriculumProgress(level={self.level}, outcomes={list(self.outcomes)})"

@@ -463,20 +463,19 @@ def _curriculum(plan: _Plan, process: Any) -> tuple[dict[str, Any], Any]:
     """
     if not plan.curriculum:
         return {}, None
-    from textgym.atomic import atomic_write_json
     from textgym.curriculum import CurriculumProgress
 
     progress, file = CurriculumProgress(), plan.out / "curriculum.json"
     if plan.checkpoint is not None and file.is_file():
         try:
-            progress.load_state_dict(json.loads(file.read_text()))
-        except (OSError, ValueError, KeyError, TypeError) as e:
+            progress.load(file)
+        except (OSError, ValueError) as e:
             raise CLIError(f"{file} is unreadable ({one_line(e)}); fix or delete it") from e
     print(f"Curriculum: episodes start near the goal (level {progress.level})", flush=True)
 
     def save(metrics: Mapping[str, float]) -> None:
         if process.is_main:
-            atomic_write_json(file, progress.state_dict())
+            progress.save(file)
 
     return {"reverse_curriculum": progress}, save
 
