@@ -8,12 +8,30 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from textgym_agents.ppo import core
 
-__all__ = ["RolloutBuffer", "Turn"]
+__all__ = ["RolloutBuffer", "Turn", "TurnText"]
+
+
+@dataclass(frozen=True)
+class TurnText:
+    """A turn as text, kept by the collector for the run's episode samples (``episodes.jsonl``).
+
+    Attributes:
+        messages: The chat prompt the model saw (a reference, not a copy).
+        reply: The reply text sent to the env (reply prefix included).
+        parse_error: Why the env rejected the reply (``info["parse_error"]``), else None.
+        index: The turn's number in its episode (0: the first).
+    """
+
+    messages: Any
+    reply: str
+    parse_error: str | None = None
+    index: int = 0
 
 
 @dataclass
@@ -38,6 +56,7 @@ class Turn:
         behaviour_logp: With exploration (``PPOConfig.explore_eps``), the log-prob of the
             reply under the mixture it was drawn from; the update weights the turn by
             ``π_old / μ``. None: drawn from the policy itself.
+        text: The prompt and reply as text (:class:`TurnText`), when a collector played it.
     """
 
     prompt_ids: list[int]
@@ -52,6 +71,7 @@ class Turn:
     anchor: Hashable = None
     behaviour_logp: float | None = None
     bonus: float = 0.0  # novelty bonus (PPOConfig.novelty_bonus), added to the reward in estimates
+    text: TurnText | None = None
     # Filled by scoring: per-token log-probs (T,) under the rollout policy and the reference,
     # the value of the prompt and, for bootstrapped turns, the value of bootstrap_ids.
     old_logps: torch.Tensor | None = None

@@ -244,6 +244,9 @@ class PPOConfig:
     save_every: int = _help(10, "Write a checkpoint every N updates (0: only at the end).")
     keep_checkpoints: int = _help(3, "Checkpoints kept on disk.")
     report_to: list[str] = _help(["jsonl"], "Metric sinks: jsonl, tensorboard, wandb.")
+    sample_episodes: int = _help(
+        2, "Episodes per update written turn by turn to episodes.jsonl (0: none)."
+    )
     progress: bool = _help(True, "Show a progress bar.")
 
     @property
@@ -280,6 +283,8 @@ class PPOConfig:
         _check(self, "top_p", _number(self.top_p) and 0 < self.top_p <= 1, "in (0, 1]")
         _check(self, "top_k", _integer(self.top_k) and self.top_k >= 0, "an int >= 0")
         _check(self, "save_every", _integer(self.save_every) and self.save_every >= 0, ">= 0")
+        ok = _integer(self.sample_episodes) and self.sample_episodes >= 0
+        _check(self, "sample_episodes", ok, "an int >= 0")
         for name in ["clip_range_value", "target_kl"]:
             value = getattr(self, name)
             _check(self, name, value is None or (_number(value) and value > 0), "> 0 or None")

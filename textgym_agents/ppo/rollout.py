@@ -23,7 +23,7 @@ from gymnasium.vector import SyncVectorEnv, VectorEnv
 
 from textgym.episodes import Episode, reply_choices, reply_schemas
 from textgym.vector_steps import EpisodeTally, autoreset_mode, game_fields, step_envs
-from textgym_agents.ppo.buffer import RolloutBuffer, Turn
+from textgym_agents.ppo.buffer import RolloutBuffer, Turn, TurnText
 
 __all__ = [
     "TURN_CAP_INFO",
@@ -192,6 +192,13 @@ class RolloutCollector:
                 truncated=step.truncated(i),
                 invalid=bool(step.info(i, "invalid") or False),
                 choice_ids=generation.choice_ids[k] if generation.choice_ids else None,
+                # References to what exists anyway: the episode samples of the run files.
+                text=TurnText(
+                    seen[k],
+                    step.actions[i],
+                    step.info(i, "parse_error"),
+                    int(self.tally.lengths[i]),
+                ),
             )
             if getattr(generation, "behaviour_logps", None) is not None:  # explored
                 turn.behaviour_logp = generation.behaviour_logps[k]

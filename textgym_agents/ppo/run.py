@@ -8,6 +8,7 @@ Layout of ``output_dir``::
 
     config.json          PPOConfig and base model of the run
     metrics.jsonl        one line of metrics per update
+    episodes.jsonl       a few episodes per update, turn by turn (capped in size)
     checkpoints/step_N/  policy (peft adapter + value head) + optimizer + RNG + trainer state
                          + env replay record (+ rng_rankR, rankR: those of process R > 0)
     final/               the trained policy (PPOPolicy.load(output_dir / "final"))
@@ -42,6 +43,7 @@ from textgym_agents.ppo.tracked import rollout_state
 from textgym_agents.runfiles.atomic import atomic_write_json
 from textgym_agents.runfiles.checkpoint import checkpoint_dirs, discard_checkpoints_after, rng_state
 from textgym_agents.runfiles.run_lock import RunLock
+from textgym_agents.tracking.episode_samples import EpisodeSampleLog
 from textgym_agents.tracking.metrics_log import METRICS_FILE, MetricsLogger, read_metrics
 from textgym_agents.tracking.plotting import plot_run
 
@@ -64,6 +66,7 @@ class TrainingRun:
         self._saved_step: int | None = None  # update step of the last checkpoint written
         self._boundary: dict[str, Any] | None = None  # RNG/env state the update began with
         self._in_update = False  # trainer.step() is running
+        self._episode_log: EpisodeSampleLog | None = None  # episodes.jsonl, while running
 
     def run(
         self,
@@ -128,17 +131,24 @@ class TrainingRun:
             metrics_file = self.output_dir / METRICS_FILE
             earlier_start = fresh and metrics_file.is_file() and metrics_file.stat().st_size > 0
             metrics_logger = MetricsLogger(self.output_dir, report_to=config.report_to)
+            if config.sample_episodes:
+                self._episode_log = EpisodeSampleLog(self.output_dir)
             # Later metrics (and checkpoints) belong to an abandoned continuation: after the
             # checkpoint resumed from, or, at a fresh start, a run stopped before its first save.
             if resume_from is not None:
                 metrics_logger.truncate_after(trainer.update_step)
+                if self._episode_log is not None:
+                    self._episode_log.truncate_after(trainer.update_step)
                 discard_checkpoints_after(self.output_dir, trainer.update_step)
-            elif earlier_start and (dropped := metrics_logger.truncate_after(0)):
-                logger.warning(
-                    "%s: dropped %d metrics rows of an earlier start that saved no checkpoint",
-                    self.output_dir,
-                    dropped,
-                )
+            elif earlier_start:
+                if self._episode_log is not None:
+                    self._episode_log.truncate_after(0)
+                if dropped := metrics_logger.truncate_after(0):
+                    logger.warning(
+                        "%s: dropped %d metrics rows of an earlier start that saved no checkpoint",
+                        self.output_dir,
+                        dropped,
+                    )
         bar = tqdm(
             total=total_episodes,
             initial=min(trainer.episodes, total_episodes),
@@ -157,6 +167,9 @@ class TrainingRun:
                 bar.close()
                 if metrics_logger is not None:
                     metrics_logger.close()
+                if self._episode_log is not None:
+                    self._episode_log.close()
+                    self._episode_log = None
         except (KeyboardInterrupt, SIGTERMExit):
             self._interrupted(mid_update=interrupts.critical)
             raise
@@ -242,6 +255,8 @@ class TrainingRun:
         interrupts.critical = False
         if metrics_logger is not None:
             metrics_logger.log(metrics, step=self.trainer.update_step)
+        if self._episode_log is not None:  # never stops training: a failure is a warning
+            self._episode_log.append(self.trainer.episode_samples)
 
     def _snapshot(self) -> None:
         """Keep the RNG and env state the next update starts from (besides weights/optimizer).

@@ -49,6 +49,7 @@ from textgym_agents.ppo.steps import (
 )
 from textgym_agents.ppo.tracked import TrackedVectorEnv
 from textgym_agents.tracking import rollout_stats
+from textgym_agents.tracking.episode_samples import sample_episodes
 
 __all__ = ["NonFiniteUpdateError", "PPOTrainer"]
 
@@ -156,6 +157,8 @@ class PPOTrainer:
         self.turns_without_episode = 0  # turns those updates played
         self.callbacks: list[Any] = []  # objects with on_update(...), see add_callback
         self.games: list[tuple[str | None, str]] = []  # (opponent, outcome) of the last update
+        # A few of the last update's episodes, turn by turn, for the run's episodes.jsonl.
+        self.episode_samples: list[dict[str, Any]] = []
 
     def add_callback(self, callback: Any) -> None:
         """Call ``callback.on_update(trainer, metrics, episodes=..., games=...)`` after each update.
@@ -217,6 +220,7 @@ class PPOTrainer:
         if self.novelty is not None:
             stats["train/novelty_bonus"] = float(np.mean([t.bonus for t in turns]))
         metrics = self._update_metrics(turns, episodes or [], stats, score_s, update_s)
+        self.episode_samples = self._sample_episodes(buffer)
         buffer.clear()
         for callback in self.callbacks:  # before the driver logs: they may add metrics
             callback.on_update(self, metrics, episodes=episodes or [], games=self.games)
@@ -385,6 +389,20 @@ class PPOTrainer:
         renumber = {old: new for new, old in enumerate(keep)}
         kept_order = np.array([renumber[i] for i in order.tolist() if i in renumber], dtype=int)
         return [turns[i] for i in keep], kept_order
+
+    def _sample_episodes(self, buffer: RolloutBuffer) -> list[dict[str, Any]]:
+        """``config.sample_episodes`` of the buffer's episodes, where a run directory is written.
+
+        Drawn from a generator of their own (seeded by the update), so training's draws and a
+        resumed run's samples are those of an uninterrupted run.
+        """
+        k = self.config.sample_episodes
+        if not k or self.output_dir is None or not self.process.is_main:
+            return []
+        rng = np.random.default_rng([self.config.seed, self.update_step])
+        return sample_episodes(
+            buffer.streams, k, rng, update=self.update_step, episodes_done=self.episodes
+        )
 
     def _minibatches(self, order: np.ndarray, turns: list[Turn]) -> Iterator[list[list[int]]]:
         config = self.config
