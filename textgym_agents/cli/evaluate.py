@@ -59,7 +59,7 @@ examples:
 PLOT_EPILOG = """\
 examples:
   textgym plot runs/bj                         # rewrites runs/bj/learning_curve.png
-  textgym plot runs/a runs/b --output ab.png --smooth 5 --x env/episodes
+  textgym plot runs/a runs/b --output ab.png --smooth 5 --x step
 """
 
 
@@ -119,11 +119,13 @@ def configure_plot(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--keys",
         nargs="+",
-        default=["env/return_mean", "env/invalid_rate"],
-        help="metrics to draw, one panel each (default: env/return_mean env/invalid_rate)",
+        help="metrics to draw, one panel each (default: those of env/return_mean, "
+        "env/success_rate and env/invalid_rate the runs logged)",
     )
     parser.add_argument(
-        "--x", default="step", help="x axis: step or a logged metric such as env/episodes"
+        "--x",
+        help="x axis: step or a logged metric (default: env/episodes where every run logged it, "
+        "with the greedy evaluations of textgym train; else step)",
     )
     parser.add_argument(
         "--smooth", type=positive_int, default=1, help="moving-average window (default: 1)"
@@ -372,10 +374,16 @@ def run_plot(args: argparse.Namespace) -> int:
     if output is None:
         output = runs[0] / "learning_curve.png" if len(runs) == 1 else "learning_curves.png"
     import_agents()
-    from textgym_agents.tracking import plot_learning_curves
+    from textgym_agents.tracking.plotting import curve_settings, plot_learning_curves
 
+    keys, x_key = curve_settings(runs)
     path = plot_learning_curves(
-        runs, output, keys=args.keys, labels=args.labels, smooth=args.smooth, x_key=args.x
+        runs,
+        output,
+        keys=args.keys or keys,
+        labels=args.labels,
+        smooth=args.smooth,
+        x_key=args.x or x_key,
     )
     print(f"Wrote {path}")
     return 0

@@ -68,8 +68,9 @@ examples:
   textgym train --resume runs/bj                  # continue after Ctrl-C
   textgym train --resume runs/bj --episodes 2000  # or train longer
 
-The run directory holds config.json, metrics.jsonl, checkpoints/, final/ (the trained
-policy) and learning_curve.png. Ctrl-C saves a checkpoint; --resume continues from it
+The run directory holds config.json, metrics.jsonl, episodes.jsonl (a few episodes per
+update, turn by turn), checkpoints/, final/ (the trained policy) and learning_curve.png;
+textgym view RUN shows them on one page. Ctrl-C saves a checkpoint; --resume continues from it
 (a damaged newest checkpoint is skipped for the newest intact one). A run directory another
 live process trains into is refused. Exit codes: 0 done, 130 Ctrl-C, 143 SIGTERM, 74 a
 checkpoint could not be written (a full disk; the earlier checkpoints are intact).
@@ -438,17 +439,21 @@ def _train_locked(args: argparse.Namespace, agents: Any, process: Any, plan: _Pl
         print(format_table(results))
         print(format_gap(results[0][2], results[-1][2]))
         if process.is_main:  # the evaluations on the run's curve
+            from textgym_agents.tracking.metrics_log import read_metrics
             from textgym_agents.tracking.plotting import plot_run, write_evaluations
 
-            done = {"trained": plan.episodes}
+            # The last update overshoots --episodes by up to an update's worth.
+            logged = [r.get("env/episodes") for r in read_metrics(out)]
+            done = {"trained": next((n for n in reversed(logged) if n), plan.episodes)}
             points = [evaluation_point(n, done.get(n, 0), r) for n, _, r in results]
             write_evaluations(out, points)
             plot_run(out)
     env.close()
     print(
-        f"\nRun written to {out}: final/ (the policy), metrics.jsonl, learning_curve.png, "
+        f"\nRun written to {out}: final/ (the policy), metrics.jsonl, "
+        f"{'episodes.jsonl, ' if plan.config.sample_episodes else ''}learning_curve.png, "
         f"{'evaluations.json, ' if plan.eval_episodes else ''}"
-        f"checkpoints/\nNext: textgym eval {out} | textgym plot {out} | "
+        f"checkpoints/\nNext: textgym view {out} | textgym eval {out} | "
         f"textgym play {env_id} --policy {out}"
     )
     return 0

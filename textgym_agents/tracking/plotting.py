@@ -15,10 +15,19 @@ import numpy as np
 from textgym_agents.runfiles.atomic import atomic_write_bytes
 from textgym_agents.tracking.metrics_log import METRICS_FILE, read_metrics
 
-__all__ = ["EVALUATIONS_FILE", "plot_learning_curves", "plot_run", "write_evaluations"]
+__all__ = [
+    "EVALUATIONS_FILE",
+    "curve_settings",
+    "learning_curve_figure",
+    "plot_learning_curves",
+    "plot_run",
+    "png_bytes",
+    "write_evaluations",
+]
 
 EVALUATIONS_FILE = "evaluations.json"
 """Greedy evaluations of a run (``textgym train``'s before and after), drawn on its curve."""
+_X_LABELS = {"step": "update", "env/episodes": "training episodes"}
 _EVALUATED = {  # curve metric -> (evaluation value, its standard error)
     "env/return_mean": ("mean_return", "se"),
     "env/success_rate": ("success_rate", "success_se"),
@@ -65,7 +74,8 @@ def plot_learning_curves(
 
     The x axis is ``"step"`` (the update counter, in every line) unless ``x_key`` names another
     logged value: ``x_key="env/episodes"`` compares runs that collect different amounts of
-    experience per update. Missing metrics are noted in the subplot instead of failing.
+    experience per update, and shows their greedy evaluations (:data:`EVALUATIONS_FILE`).
+    Missing metrics are noted in the subplot instead of failing.
 
     Args:
         runs: Run directories or ``metrics.jsonl`` files.
@@ -87,6 +97,38 @@ def plot_learning_curves(
         >>> plot_learning_curves([m.run_dir], out, smooth=2).read_bytes()[1:4]
         b'PNG'
     """
+    fig = learning_curve_figure(runs, keys, labels, smooth, references, x_key)
+    out_path = Path(out_path)
+    atomic_write_bytes(out_path, png_bytes(fig))
+    return out_path
+
+
+def png_bytes(fig: Any) -> bytes:
+    """A matplotlib figure as PNG bytes."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100)
+    return buffer.getvalue()
+
+
+def learning_curve_figure(
+    runs: Sequence[str | os.PathLike[str]],
+    keys: Sequence[str] = ("env/return_mean", "env/invalid_rate"),
+    labels: Sequence[str] | None = None,
+    smooth: int = 1,
+    references: Mapping[str, float | Mapping[str, float]] | None = None,
+    x_key: str = "step",
+) -> Any:
+    """The figure :func:`plot_learning_curves` saves: a ``matplotlib.figure.Figure``.
+
+    Example:
+        >>> import tempfile
+        >>> from textgym_agents.tracking.metrics_log import MetricsLogger
+        >>> with MetricsLogger(tempfile.mkdtemp()) as m:
+        ...     m.log({"env/episodes": 4, "env/return_mean": 0.5}, step=1)
+        >>> fig = learning_curve_figure([m.run_dir], ["env/return_mean"], x_key="env/episodes")
+        >>> [ax.get_xlabel() for ax in fig.axes]
+        ['training episodes']
+    """
     from matplotlib.figure import Figure  # no pyplot: leaves the global backend alone
     from matplotlib.ticker import MaxNLocator
 
@@ -102,7 +144,6 @@ def plot_learning_curves(
     data = [read_metrics(run) for run in runs]
     evaluations = [_read_evaluations(run) for run in runs]
     references = references or {}
-
     ncols = min(len(keys), 2)
     nrows = math.ceil(len(keys) / ncols)
     fig = Figure(figsize=(5.5 * ncols, 3.8 * nrows), layout="constrained")
@@ -115,7 +156,9 @@ def plot_learning_curves(
                 missing.append(label)
                 continue
             # A fixed colour per run keeps runs recognisable across subplots with gaps.
-            ax.plot(xs, _moving_average(ys, smooth), color=f"C{i % 10}", label=label)
+            marker = "o" if len(xs) <= 40 else None  # a short run's single updates stay visible
+            ys = _moving_average(ys, smooth)
+            ax.plot(xs, ys, color=f"C{i % 10}", marker=marker, markersize=3, label=label)
         for i, points in enumerate(evaluations):
             _draw_evaluations(ax, points, key, x_key, f"C{i % 10}")
         lines = references.get(key, {})
@@ -137,7 +180,7 @@ def plot_learning_curves(
             )
         suffix = f" (moving average of {smooth})" if smooth > 1 else ""
         ax.set_title(key + suffix)
-        ax.set_xlabel(x_key)
+        ax.set_xlabel(_X_LABELS.get(x_key, x_key))
         ax.set_ylabel(key)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # updates and episodes are whole
         ax.grid(alpha=0.3)
@@ -146,11 +189,7 @@ def plot_learning_curves(
     for ax in axes[len(keys) :]:
         ax.set_visible(False)
 
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=100)
-    out_path = Path(out_path)
-    atomic_write_bytes(out_path, buffer.getvalue())
-    return out_path
+    return fig
 
 
 def write_evaluations(run_dir: str | os.PathLike[str], points: Sequence[Mapping[str, Any]]) -> Path:
@@ -185,14 +224,28 @@ def plot_run(run_dir: str | os.PathLike[str]) -> Path:
         'learning_curve.png'
     """
     run_dir = Path(run_dir)
-    records = read_metrics(run_dir)
-    keys = [key for key in _EVALUATED if any(r.get(key) is not None for r in records)]
-    return plot_learning_curves(
-        [run_dir],
-        run_dir / "learning_curve.png",
-        keys=keys or ["env/return_mean"],
-        x_key="env/episodes",
-    )
+    keys, x_key = curve_settings([run_dir])
+    return plot_learning_curves([run_dir], run_dir / "learning_curve.png", keys, x_key=x_key)
+
+
+def curve_settings(runs: Sequence[str | os.PathLike[str]]) -> tuple[list[str], str]:
+    """The metrics and x axis a run's curve shows: what the runs logged, against episodes.
+
+    Keys: the return, success rate and invalid-reply rate, those that any run logged (the
+    return alone if none). X: ``env/episodes`` when every run logged it, else ``step``.
+
+    Example:
+        >>> import tempfile
+        >>> from textgym_agents.tracking.metrics_log import MetricsLogger
+        >>> with MetricsLogger(tempfile.mkdtemp()) as m:
+        ...     m.log({"env/episodes": 4, "env/return_mean": 0.5, "env/invalid_rate": 0}, step=1)
+        >>> curve_settings([m.run_dir])
+        (['env/return_mean', 'env/invalid_rate'], 'env/episodes')
+    """
+    data = [read_metrics(run) for run in runs]
+    keys = [k for k in _EVALUATED if any(r.get(k) is not None for rs in data for r in rs)]
+    by_episodes = all(any(r.get("env/episodes") is not None for r in rs) for rs in data)
+    return keys or ["env/return_mean"], "env/episodes" if by_episodes else "step"
 
 
 def _read_evaluations(run: str | os.PathLike[str]) -> list[dict[str, Any]]:
