@@ -3,9 +3,11 @@
     textgym envs                                  # registered text envs and their replies
     textgym play textgym/Blackjack-v1             # play as the model would, from the terminal
     textgym record textgym/Blackjack-v1 --expert mylab.experts:basic_strategy --output data/bj
+    textgym serve textgym/Blackjack-v1            # an OpenEnv server (the openenv extra)
     textgym train textgym/Blackjack-v1            # from the agents extra (a plugin)
 
-``envs``, ``play`` and ``record`` are built in and need only the core package. Other commands
+``envs``, ``play``, ``record`` and ``serve`` are built in and need only the core package
+(``serve`` also the openenv extra). Other commands
 (``train``, ``eval``, ``plot``, ``sft`` of ``pip install 'textgym[agents]'``) are
 :class:`~textgym.plugins.Command` plugins found through the ``textgym.commands`` entry points;
 this module never imports them by name. Exit codes: 0 success, 1 failure (one line on stderr),
@@ -23,15 +25,17 @@ from importlib.metadata import EntryPoint
 from textgym.cli_common import CLIError, UsageError, add_command, one_line
 from textgym.cli_play import ENVS, PLAY
 from textgym.cli_record import RECORD
+from textgym.cli_serve import SERVE
 from textgym.plugins import Command, command_entry_points, load_command, missing_command_hint
 
 __all__ = ["BUILTIN_COMMANDS", "build_parser", "main"]
 
-BUILTIN_COMMANDS: tuple[Command, ...] = (ENVS, PLAY, RECORD)
+BUILTIN_COMMANDS: tuple[Command, ...] = (ENVS, PLAY, RECORD, SERVE)
 """The commands of the core package; plugins cannot replace them."""
 
 EPILOG = """\
-envs, play and record need only the core package (record needs datasets); train, eval, plot
+envs, play, record and serve need only the core package (record needs datasets, serve the
+openenv extra); train, eval, plot
 and sft, and play/record --policy, come with the agents extra (pip install 'textgym[agents]').
 
 examples:
@@ -41,6 +45,7 @@ examples:
   textgym eval runs/bj embedded
   textgym play textgym/Blackjack-v1 --policy runs/bj
   textgym plot runs/bj runs/bj-lr1e-4 --output curves.png
+  textgym serve textgym/Blackjack-v1 --port 8000
   textgym record textgym/Blackjack-v1 --expert benchmarks.warm_start:blackjack_expert \\
       --output data/bj
   textgym sft data/bj --output runs/bj-sft

@@ -165,7 +165,7 @@ def make_env(env_id: str, env_args: Mapping[str, Any] | None = None) -> gym.Env[
         env = gym.make(env_id, **dict(env_args or {}))
     except gym.error.Error as e:
         raise CLIError(f"{e} (`textgym envs` lists the text envs)") from e
-    except (TypeError, ValueError, ModuleNotFoundError) as e:
+    except (TypeError, ValueError, ModuleNotFoundError, ConnectionError) as e:
         raise CLIError(f"could not make {env_id}: {e}") from e
     if not isinstance(env.observation_space, ChatMessages):
         env.close()

@@ -111,8 +111,8 @@ def _describe_env(env_id: str, verbose: bool) -> dict[str, Any]:
     try:
         env = make_env(env_id)
     except CLIError as e:
-        if not isinstance(e.__cause__, MissingExtraError):
-            raise
+        if not isinstance(e.__cause__, MissingExtraError | ConnectionError):
+            raise  # an extra to install, or a server to start (textgym/OpenEnv-v0)
         # Listed anyway, with the line that installs what it needs.
         return {
             "id": env_id,

@@ -17,7 +17,6 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import VectorEnv
 
-from textgym.checker import find_text_wrapper
 from textgym.policy import JSONSchema, Policy, as_policy
 from textgym.spaces import ChatMessages
 from textgym.vector_steps import (
@@ -83,11 +82,9 @@ def reply_schemas(env: gym.Env[Any, Any] | VectorEnv) -> Any:
 
 
 def _ask(env: gym.Env[Any, Any], method: str) -> Any:
-    try:
-        wrapper = find_text_wrapper(env)
-    except ValueError:  # not a TextEnvWrapper: free text only
-        return None
-    return getattr(wrapper, method)()
+    if not isinstance(env.observation_space, ChatMessages) or not env.has_wrapper_attr(method):
+        return None  # not a text env, or one that takes free text only
+    return env.get_wrapper_attr(method)()
 
 
 def _ask_all(envs: VectorEnv, method: str) -> list[Any] | None:

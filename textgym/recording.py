@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
+from pydantic import BaseModel
 
 from textgym.checker import find_text_wrapper
 from textgym.episodes import Episode, run_episodes
@@ -22,7 +23,7 @@ from textgym.wrappers import Messages
 if TYPE_CHECKING:
     from datasets import Dataset, Features
 
-__all__ = ["COLUMNS", "record_trajectories"]
+__all__ = ["COLUMNS", "plain_json", "record_trajectories"]
 
 COLUMNS = (
     "prompt",
@@ -165,7 +166,7 @@ def _rows(episode: Episode) -> list[dict[str, Any]]:
             "seed": episode.seed,
             "reward": step.reward,
             "return": episode.episode_return,
-            "action": None if step.action is None else json.dumps(_plain(step.action)),
+            "action": None if step.action is None else json.dumps(plain_json(step.action)),
             "invalid": step.invalid,
         }
         for turn, step in enumerate(episode.steps)
@@ -278,14 +279,23 @@ class _ScriptedExpert(PolicyBase):
         return reply
 
 
-def _plain(value: Any) -> Any:
-    """An env action as plain JSON-ready Python values (numpy scalars and arrays included)."""
+def plain_json(value: Any) -> Any:
+    """A value as plain JSON-ready Python (numpy scalars and arrays, tuples, Pydantic models).
+
+    Non-finite floats become strings ("nan", "inf"), which JSON cannot hold.
+
+    Example:
+        >>> plain_json({"action": np.int64(1), "pos": (np.float32(0.5), 2), "x": float("inf")})
+        {'action': 1, 'pos': [0.5, 2], 'x': 'inf'}
+    """
     if isinstance(value, np.ndarray | np.generic):
-        return value.tolist()
+        value = value.tolist()
+    if isinstance(value, BaseModel):
+        value = value.model_dump(mode="json")
     if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {str(k): plain_json(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
+        return [plain_json(v) for v in value]
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     return value

@@ -151,6 +151,11 @@ def _register_builtin() -> None:
         entry_point="textgym.envs.frozen_lake_random:make_frozen_lake_random_text_env",
         max_episode_steps=100,
     )
+    # Any OpenEnv server, over its WebSocket (the openenv extra); base_url= names the server.
+    gym.register(
+        id=f"{NAMESPACE}/OpenEnv-v0",
+        entry_point="textgym.envs.openenv_client:make_openenv_text_env",
+    )
     for task in REASONING_GYM_TASKS:  # listed without reasoning-gym, like the BabyAI levels
         gym.register(
             id=f"{NAMESPACE}/rg-{task}-v0",
