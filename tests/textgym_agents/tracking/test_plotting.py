@@ -103,3 +103,61 @@ def test_a_runs_curve_is_against_episodes_with_its_evaluations_as_error_bars(tmp
     assert plot_run(tmp_path).read_bytes()[1:4] == b"PNG"
     assert titles == ["env/return_mean", "env/invalid_rate"]  # no success rate logged: no plot
     assert drawn[0] == ([0.0, 15.0], [0.5, 2.5], [0.2, 0.3])
+
+
+def test_a_runs_figure_has_episodes_on_x_with_whole_ticks_and_evaluation_error_bars(tmp_path):
+    from matplotlib.container import ErrorbarContainer
+
+    from textgym_agents.tracking.plotting import (
+        curve_settings,
+        learning_curve_figure,
+        write_evaluations,
+    )
+
+    with MetricsLogger(tmp_path) as log:
+        for step in range(1, 4):  # three updates of 1 episode: few points, as in a short run
+            row = {"env/episodes": step, "env/return_mean": step / 3}
+            log.log({**row, "env/success_rate": step / 4, "env/invalid_rate": 0.1}, step=step)
+    write_evaluations(tmp_path, [
+        {"name": "base model", "episodes": 0, "mean_return": 0.1, "se": 0.05,
+         "success_rate": 0.2, "success_se": 0.04, "invalid_rate": 0.3},
+        {"name": "trained", "episodes": 3, "mean_return": 0.9, "se": 0.1,
+         "success_rate": 0.7, "success_se": 0.05, "invalid_rate": 0.0},
+    ])  # fmt: skip
+    keys, x_key = curve_settings([tmp_path])
+    assert keys == ["env/return_mean", "env/success_rate", "env/invalid_rate"]
+    assert x_key == "env/episodes"
+    fig = learning_curve_figure([tmp_path], keys, x_key=x_key)
+    shown = [ax for ax in fig.axes if ax.get_visible()]
+    assert [ax.get_title() for ax in shown] == keys
+    for ax in shown:
+        assert ax.get_xlabel() == "training episodes"
+        ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+        assert len(ticks) >= 2 and all(float(t).is_integer() for t in ticks), ticks
+        (curve,) = ax.get_lines()[:1]
+        assert list(curve.get_xdata()) == [1, 2, 3] and curve.get_marker() == "o"
+        (bars,) = [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
+        points, _, _ = bars.lines
+        assert list(points.get_xdata()) == [0.0, 3.0]
+    success_points = [c for c in shown[1].containers if isinstance(c, ErrorbarContainer)]
+    assert list(success_points[0].lines[0].get_ydata()) == [0.2, 0.7]
+
+
+def test_textgym_plot_of_one_run_redraws_its_curve_against_episodes(tmp_path, monkeypatch):
+    from textgym.cli import main
+    from textgym_agents.tracking import plotting
+
+    _fake_run(tmp_path / "run", n=5)
+    seen = {}
+    original = plotting.learning_curve_figure
+
+    def spy(runs, keys, labels=None, smooth=1, references=None, x_key="step"):
+        seen.update(keys=list(keys), x_key=x_key)
+        return original(runs, keys, labels, smooth, references, x_key)
+
+    monkeypatch.setattr(plotting, "learning_curve_figure", spy)
+    assert main(["plot", str(tmp_path / "run")]) == 0
+    assert seen == {"keys": ["env/return_mean", "env/invalid_rate"], "x_key": "env/episodes"}
+    _assert_png(tmp_path / "run" / "learning_curve.png")
+    assert main(["plot", str(tmp_path / "run"), "--x", "step", "--keys", "env/return_mean"]) == 0
+    assert seen == {"keys": ["env/return_mean"], "x_key": "step"}
