@@ -92,9 +92,15 @@ class TextObservation(Observation):
 
 
 class TextState(State):
-    """The session's episode id and step count, and the env it plays."""
+    """The session's episode id and step count, the env it plays and its reply hints."""
 
     env_id: str | None = Field(default=None, description="The text env's registered id")
+    valid_replies: list[str] | None = Field(
+        default=None, description="The env's valid replies before its first reset, if it has any"
+    )
+    reply_schema: dict[str, Any] | None = Field(
+        default=None, description="The env's reply JSON schema before its first reset"
+    )
 
 
 class TextGymEnvironment(Environment[TextAction, TextObservation, TextState]):
@@ -115,15 +121,19 @@ class TextGymEnvironment(Environment[TextAction, TextObservation, TextState]):
             )
         self.env = env
         spec = getattr(env, "spec", None)
-        self._state = TextState(env_id=spec.id if spec is not None else None)
+        self._state = TextState(
+            env_id=spec.id if spec is not None else None,
+            valid_replies=reply_choices(env),
+            reply_schema=reply_schemas(env),
+        )
 
     def reset(
         self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any
     ) -> TextObservation:
         """Start an episode (seeded like ``env.reset(seed=...)``)."""
         messages, info = self.env.reset(seed=seed)
-        self._state = TextState(
-            env_id=self._state.env_id, episode_id=episode_id or str(uuid.uuid4()), step_count=0
+        self._state = self._state.model_copy(
+            update={"episode_id": episode_id or str(uuid.uuid4()), "step_count": 0}
         )
         return self._observation(messages, info, None, False, False)
 

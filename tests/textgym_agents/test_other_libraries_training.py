@@ -32,3 +32,21 @@ def test_ppo_updates_on_a_textarena_game():
     pytest.importorskip("textarena")
     config, metrics = one_update("textgym/ta-GuessTheNumber-v0", num_steps=2)
     assert config.decoding == "free" and metrics["env/invalid_rate"] == 0.0  # the game judges
+
+
+def test_ppo_trains_through_an_openenv_server():
+    """Served over OpenEnv and consumed as textgym/OpenEnv-v0: choice decoding, two updates."""
+    pytest.importorskip("openenv")
+    from textgym.openenv_server import running_server
+
+    with running_server("textgym/Blackjack-v1", max_sessions=4) as url:
+        envs = gym.make_vec("textgym/OpenEnv-v0", num_envs=4, base_url=url)
+        config = PPOConfig.for_env(envs, seed=0, progress=False, num_steps=2)
+        assert config.decoding == "choices"  # the server's valid replies reached the policy
+        torch.manual_seed(0)
+        trainer = PPOTrainer(PPOPolicy(*tiny_model(), config=config), envs)
+        for _ in range(2):
+            metrics = trainer.step()
+            assert math.isfinite(metrics["loss/total"])
+        assert metrics["env/invalid_rate"] == 0.0
+        envs.close()

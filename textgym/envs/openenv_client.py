@@ -106,6 +106,10 @@ class OpenEnvSession:
         """Send one action (the server's ``Action`` fields); returns the observation message."""
         return self._ask({"type": "step", "data": dict(action)})
 
+    def state(self) -> dict[str, Any]:
+        """The session's state (``episode_id``, ``step_count`` and what the server adds)."""
+        return self._ask({"type": "state"}, expect="state")
+
     def close(self) -> None:
         """End the session (the server closes its env)."""
         if self._ws is None:
@@ -133,7 +137,7 @@ class OpenEnvSession:
                 ) from e
         return self._ws
 
-    def _ask(self, message: dict[str, Any]) -> dict[str, Any]:
+    def _ask(self, message: dict[str, Any], expect: str = "observation") -> dict[str, Any]:
         ws = self._connect()
         try:
             # If closed, still read what the server said first (a full server sends
@@ -161,10 +165,10 @@ class OpenEnvSession:
             raise OpenEnvError(f"Unexpected message from the OpenEnv server: {str(answer)[:200]}")
         if answer.get("type") == "error":
             self._fail(answer["data"], message["type"])
-        if answer.get("type") != "observation":
+        if answer.get("type") != expect:
             raise OpenEnvError(f"Unexpected message from the OpenEnv server: {str(answer)[:200]}")
         data = answer["data"]
-        if not isinstance(data.get("observation"), dict):
+        if expect == "observation" and not isinstance(data.get("observation"), dict):
             raise OpenEnvError(f"The OpenEnv server sent no observation: {str(data)[:200]}")
         return data
 
@@ -220,7 +224,8 @@ class OpenEnvTextEnv(gym.Env[Messages, str]):
 
     ``info`` holds the server's step info (JSON values), ``invalid`` and ``parse_error``, and
     ``action_mask`` as an int8 array when the server sends one; :meth:`reply_choices` and
-    :meth:`reply_schema` are the server's latest lists, for choice or constrained decoding.
+    :meth:`reply_schema` are the server's latest lists, for choice or constrained decoding
+    (before the first reset, those of the session's state).
 
     Args:
         base_url: The server's address.
@@ -244,6 +249,7 @@ class OpenEnvTextEnv(gym.Env[Messages, str]):
         self.action_space = UnicodeText(max_content_length)
         self._choices: list[str] | None = None
         self._schema: dict[str, Any] | None = None
+        self._hints(self.session.state())  # before the first reset, for a trainer's set-up
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
@@ -277,11 +283,7 @@ class OpenEnvTextEnv(gym.Env[Messages, str]):
     def _read(self, data: Mapping[str, Any], stepped: bool) -> tuple[Messages, dict[str, Any]]:
         observation = data["observation"]
         messages = _messages(observation)
-        choices = observation.get("valid_replies")
-        listed = isinstance(choices, list) and all(isinstance(c, str) for c in choices)
-        self._choices = choices if listed else None
-        schema = observation.get("reply_schema")
-        self._schema = schema if isinstance(schema, dict) else None
+        self._hints(observation)
         info = dict(observation.get("info") or {})
         if stepped and "invalid" in observation:
             info["invalid"] = bool(observation["invalid"])
@@ -290,6 +292,12 @@ class OpenEnvTextEnv(gym.Env[Messages, str]):
         if observation.get("action_mask") is not None:
             info["action_mask"] = np.asarray(observation["action_mask"], dtype=np.int8)
         return messages, info
+
+    def _hints(self, fields: Mapping[str, Any]) -> None:
+        choices, schema = fields.get("valid_replies"), fields.get("reply_schema")
+        listed = isinstance(choices, list) and all(isinstance(c, str) for c in choices)
+        self._choices = choices if listed else None
+        self._schema = schema if isinstance(schema, dict) else None
 
 
 class JSONObjects(gym.Space[dict[str, Any]]):

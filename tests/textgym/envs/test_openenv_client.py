@@ -65,6 +65,9 @@ def test_a_served_episode_matches_the_local_env(blackjack_url: str) -> None:
     local = gym.make("textgym/Blackjack-v1")
     remote = gym.make("textgym/OpenEnv-v0", base_url=blackjack_url)
     assert isinstance(remote.unwrapped, OpenEnvTextEnv)
+    # Before any reset too (from the session's state): a trainer picks its decoding from them.
+    assert textgym.reply_choices(remote) == textgym.reply_choices(local) is not None
+    assert textgym.reply_schemas(remote) == textgym.reply_schemas(local) is not None
     for seed in range(5):
         replies = ["I fold", HIT, "hit me, maybe", HIT, STICK]
         assert play(remote, seed, replies) == play(local, seed, replies)
@@ -119,18 +122,18 @@ def test_concurrent_clients_each_get_their_own_env_and_one_more_is_refused(
 
     with ThreadPoolExecutor(4) as pool:
         assert list(pool.map(episode, range(4))) == expected
-    one_more = gym.make("textgym/OpenEnv-v0", base_url=blackjack_url)
     with pytest.raises(OpenEnvCapacityError, match="full"):
-        one_more.reset(seed=0)
+        gym.make("textgym/OpenEnv-v0", base_url=blackjack_url)
     remotes[0].close()
     deadline = time.monotonic() + 10
     while True:  # the server frees the slot once it has seen the session close
         try:
-            one_more.reset(seed=0)
+            one_more = gym.make("textgym/OpenEnv-v0", base_url=blackjack_url)
             break
         except OpenEnvCapacityError:
             assert time.monotonic() < deadline
             time.sleep(0.05)
+    assert play(one_more, 0, replies) == expected[0]
     for env in [*remotes[1:], one_more]:
         env.close()
 
