@@ -58,7 +58,7 @@ def shrink(source: str) -> str:
 
 
 PAGES_WITH_CODE = [p for p in PAGES if python_blocks(p)]
-SLOW_PAGES = {"docs/training.md", "docs/other-loops.md"}
+SLOW_PAGES = {"docs/training.md", "docs/other-loops.md", "docs/openenv.md"}
 
 
 def page_param(page: Path):

@@ -22,7 +22,7 @@ gym.make("textgym/OpenEnv-v0", base_url="http://127.0.0.1:8000").
 
 examples:
   textgym serve textgym/Blackjack-v1
-  textgym serve textgym/FrozenLake-v1 -e is_slippery=false --port 8001 --max-sessions 16
+  textgym serve textgym/FrozenLake-v1 -e is_slippery=false --port 8001 --max-sessions=16
 """
 
 

@@ -41,6 +41,7 @@ from typing import Any
 import gymnasium as gym
 from pydantic import Field
 
+from textgym.checker import find_text_wrapper
 from textgym.episodes import reply_choices, reply_schemas
 from textgym.extras import require
 from textgym.recording import plain_json
@@ -101,6 +102,11 @@ class TextState(State):
     reply_schema: dict[str, Any] | None = Field(
         default=None, description="The env's reply JSON schema before its first reset"
     )
+    system_prompt: str | None = Field(default=None, description="The env's system prompt")
+    instructions: str | None = Field(
+        default=None, description="How to reply (the end of the system prompt)"
+    )
+    invalid_penalty: float | None = Field(default=None, description="What an invalid reply costs")
 
 
 class TextGymEnvironment(Environment[TextAction, TextObservation, TextState]):
@@ -121,10 +127,20 @@ class TextGymEnvironment(Environment[TextAction, TextObservation, TextState]):
             )
         self.env = env
         spec = getattr(env, "spec", None)
+        try:
+            wrapper = find_text_wrapper(env)
+            prompt = {
+                "system_prompt": wrapper.system_prompt,
+                "instructions": wrapper.parser.instructions(),
+                "invalid_penalty": wrapper.invalid_penalty,
+            }
+        except ValueError:  # a text env of its own making
+            prompt = {}
         self._state = TextState(
             env_id=spec.id if spec is not None else None,
             valid_replies=reply_choices(env),
             reply_schema=reply_schemas(env),
+            **prompt,
         )
 
     def reset(

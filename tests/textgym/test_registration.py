@@ -26,6 +26,7 @@ def test_registered_ids():
     babyai += ["textgym/BabyAI-PickupLocal-v0", "textgym/BabyAI-PutNextLocal-v0"]
     games = ["textgym/TicTacToe-v0", "textgym/ConnectFour-v0"]
     native = ["textgym/Calculator-v0", "textgym/FrozenLakeRandom-v0", "textgym/Sokoban-v0"]
+    native += ["textgym/OpenEnv-v0"]  # any OpenEnv server
     reasoning = [f"textgym/rg-{task}-v0" for task in REASONING_GYM_TASKS]
     arena = [f"textgym/ta-{game}" for game in TEXTARENA_GAMES]
     ids = [*CLASSIC_IDS, *native, *babyai, *games, *reasoning, *arena]

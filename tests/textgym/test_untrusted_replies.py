@@ -107,7 +107,7 @@ def _parsers() -> dict[str, tuple[gym.Space[Any] | None, ActionParser]]:
     for env_id in registered_ids():
         try:
             env = gym.make(env_id)
-        except MissingExtraError:  # e.g. the BabyAI envs without minigrid
+        except (MissingExtraError, ConnectionError):  # BabyAI without minigrid; OpenEnv-v0
             continue
         wrapper = env
         while not isinstance(wrapper, TextEnvWrapper):

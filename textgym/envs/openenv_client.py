@@ -249,7 +249,8 @@ class OpenEnvTextEnv(gym.Env[Messages, str]):
         self.action_space = UnicodeText(max_content_length)
         self._choices: list[str] | None = None
         self._schema: dict[str, Any] | None = None
-        self._hints(self.session.state())  # before the first reset, for a trainer's set-up
+        self.server_state = self.session.state()
+        self._hints(self.server_state)  # before the first reset, for a trainer's set-up
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
@@ -275,6 +276,23 @@ class OpenEnvTextEnv(gym.Env[Messages, str]):
     def reply_schema(self) -> dict[str, Any] | None:
         """The reply JSON schema the server sent with its last observation, if any."""
         return self._schema
+
+    def prompt_parts(self) -> tuple[str, str, JSONActionParser | None, float]:
+        """``(system prompt, reply instructions, parser, invalid penalty)`` the server declares.
+
+        What :func:`textgym.tool_env` reads to make the served env a tool: the parser is built
+        from the server's reply schema (None when replies are free text).
+        """
+        state = self.server_state
+        schema = state.get("reply_schema")
+        parser = JSONActionParser(model_from_schema(schema)) if isinstance(schema, dict) else None
+        penalty = state.get("invalid_penalty")
+        return (
+            str(state.get("system_prompt") or ""),
+            str(state.get("instructions") or ""),
+            parser,
+            float(penalty) if isinstance(penalty, int | float) else 0.0,
+        )
 
     def close(self) -> None:
         """End the session."""

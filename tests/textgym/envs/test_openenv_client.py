@@ -275,3 +275,17 @@ def test_the_action_model_follows_the_json_schema() -> None:
     for bad in [*bad_values, {"move": "up", "tags": ["long"]}]:
         with pytest.raises(ValueError):
             nested.model_validate(bad)
+
+
+def test_a_served_env_is_the_same_tool_for_trl_as_the_local_one(blackjack_url: str) -> None:
+    served = textgym.tool_env("textgym/OpenEnv-v0", base_url=blackjack_url)
+    local = textgym.tool_env("textgym/Blackjack-v1")
+    assert (served.task, served.action_fields) == (local.task, local.action_fields)
+    assert served.unfinished_penalty == local.unfinished_penalty == 1.0
+    assert served.step.__doc__ == local.step.__doc__
+    game, reference = served(), local()
+    assert game.reset(seed=2) == reference.reset(seed=2)
+    for action in ["jump", "hit", "stick"]:
+        assert game.step(action=action) == reference.step(action=action)
+    assert game.get_reward() == reference.get_reward()
+    game.env.close()
