@@ -86,6 +86,7 @@ def test_refuses_an_env_that_is_not_a_text_env() -> None:
         create_openenv_app(gym.make("textgym/Blackjack-v1"))
 
 
+@pytest.mark.slow  # a subprocess
 def test_openenvs_own_client_plays_a_textgym_serve_process() -> None:
     """``textgym serve`` as a real process; OpenEnv's GenericEnvClient plays an episode."""
     port = free_port()

@@ -138,6 +138,7 @@ def test_concurrent_clients_each_get_their_own_env_and_one_more_is_refused(
         env.close()
 
 
+@pytest.mark.slow  # a subprocess
 def test_a_server_killed_mid_episode_raises_a_clear_error() -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
