@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from textgym.cli_common import UsageError
-from textgym_agents.ppo.defaults import ENV_DEFAULT_NOTES, QUICK_DEFAULTS
+from textgym_agents.ppo.defaults import ENV_DEFAULT_NOTES
 
 __all__ = [
     "FLAG_PREFIX",
@@ -73,8 +73,6 @@ def default_text(field: dataclasses.Field[Any]) -> str:
     """A field's default as ``textgym train`` sets it, in words where it depends on the env."""
     if field.name in ENV_DEFAULT_NOTES:
         return ENV_DEFAULT_NOTES[field.name]
-    if field.name in QUICK_DEFAULTS:
-        return repr(QUICK_DEFAULTS[field.name])
     if field.default is not dataclasses.MISSING:
         return repr(field.default)
     if field.default_factory is not dataclasses.MISSING:

@@ -138,7 +138,7 @@ class PPOConfig:
     )
     # --- rollout ----------------------------------------------------------------------------
     num_steps: int = _help(
-        8, "Env steps per env per update; a batch is num_envs * num_steps turns."
+        4, "Env steps per env per update; a batch is num_envs * num_steps turns."
     )
     max_episode_turns: int = _help(
         1000,
@@ -211,9 +211,13 @@ class PPOConfig:
     weight_decay: float = _help(0.0, "AdamW weight decay.")
     num_epochs: int = _help(2, "Passes over each batch.")
     minibatch_size: int = _help(32, "Turns per optimizer step.")
-    micro_batch_size: int = _help(8, "Turns per forward pass (gradient accumulation).")
+    micro_batch_size: int = _help(
+        16,
+        "Turns per forward pass (gradient accumulation); at most minibatch_size (a larger "
+        "value is taken as minibatch_size).",
+    )
     micro_batch_tokens: int | None = _help(
-        None,
+        1024,
         "Most tokens per forward pass of the update (rows times the longest row, the start "
         "shared by the minibatch not counted): long turns then share a forward pass with fewer "
         "others, which bounds activation memory where prompts carry a long history. None: "
@@ -234,7 +238,7 @@ class PPOConfig:
         "(~10x less activation memory, ~40% more update time, same gradients).",
     )
     # --- KL penalty to the reference (the base model with the adapter disabled) --------------
-    kl_coef: float = _help(0.02, "Initial beta of the per-turn KL penalty (0 disables it).")
+    kl_coef: float = _help(0.0, "Initial beta of the per-turn KL penalty (0 disables it).")
     adaptive_kl: bool = _help(False, "Adapt beta toward kl_target (Ziegler et al. 2019).")
     kl_target: float = _help(1.0, "Target KL per turn for the adaptive controller.")
     kl_horizon: int = _help(10000, "Horizon (turns) of the adaptive KL controller.")
@@ -328,22 +332,19 @@ class PPOConfig:
         if isinstance(self.report_to, str):
             self.report_to = [self.report_to]
         _check(self, "report_to", all(s in sinks for s in self.report_to), f"a list of {sinks}")
-        if self.micro_batch_size > self.minibatch_size:
-            raise ValueError(
-                f"micro_batch_size ({self.micro_batch_size}) must be <= minibatch_size "
-                f"({self.minibatch_size}); lower micro_batch_size or raise minibatch_size"
-            )
+        # A forward pass never holds more than a minibatch: with the default 16 a smaller
+        # minibatch_size alone is a valid config.
+        self.micro_batch_size = min(self.micro_batch_size, self.minibatch_size)
 
     @classmethod
     def for_env(cls, env: Any, **settings: Any) -> PPOConfig:
         """The settings that suit ``env`` (what ``textgym train`` uses), then ``settings``.
 
-        The one source of per-env defaults: a quick CPU run
-        (:data:`~textgym_agents.ppo.defaults.QUICK_DEFAULTS`) and, where the env lists its
-        valid replies, choice decoding with their common start as ``reply_prefix`` and
-        exploration settings; where its replies are flat JSON objects, free text from ``{"`` to
-        ``}`` (:func:`~textgym_agents.ppo.defaults.env_defaults`). Every key of ``settings``
-        wins over them.
+        The one source of per-env defaults, on top of the field defaults (a quick CPU run):
+        where the env lists its valid replies, choice decoding with their common start as
+        ``reply_prefix`` and exploration settings; where its replies are flat JSON objects, free
+        text from ``{"`` to ``}`` (:func:`~textgym_agents.ppo.defaults.env_defaults`). Every key
+        of ``settings`` wins over them.
 
         Args:
             env: A text env, a text vector env, or a registered env id.

@@ -19,7 +19,6 @@ __all__ = [
     "DEFAULT_TRAIN_ENV",
     "ENV_DEFAULT_NOTES",
     "JSON_REPLY_DEFAULTS",
-    "QUICK_DEFAULTS",
     "RUN_DEFAULTS",
     "env_defaults",
     "flat_json_replies",
@@ -43,16 +42,6 @@ RUN_DEFAULTS: dict[str, dict[str, int]] = {
     "textgym/Calculator-v0": {"episodes": 16, "num_envs": 8, "eval_episodes": 32},
 }
 
-# Training settings that finish in minutes on a laptop CPU with the embedded 135M model
-# (those of examples/blackjack_text_env.py); every one can be overridden.
-QUICK_DEFAULTS: dict[str, Any] = {
-    "num_steps": 4,
-    "minibatch_size": 32,
-    "micro_batch_size": 16,
-    "micro_batch_tokens": 1024,
-    "learning_rate": 2e-4,
-    "kl_coef": 0.0,
-}
 # With choice decoding: explore. Zero-shot the embedded model puts ~95% on one Blackjack reply,
 # and at temperature 1 without an entropy bonus PPO collapses onto it within a few updates
 # (docs/results.md, "Blackjack at the default settings"); these keep the choice entropy up.
@@ -188,7 +177,7 @@ def env_defaults(
     *,
     schema: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Settings used unless given: :data:`QUICK_DEFAULTS` and the decoding that suits the env.
+    """Settings used unless given, over ``PPOConfig``'s own defaults: the decoding the env suits.
 
     Where the env lists its valid replies, ``decoding="choices"`` with the replies' common
     start as ``reply_prefix``: every reply is valid and a turn is one forward pass, and
@@ -210,7 +199,7 @@ def env_defaults(
         >>> defaults["decoding"], defaults["reply_prefix"], defaults["stop_strings"]
         ('free', '{"', ['}'])
     """
-    values = dict(QUICK_DEFAULTS)
+    values: dict[str, Any] = {}
     values["decoding"] = decoding = given.get("decoding", "choices" if choices else "free")
     if decoding == "choices":
         values.update(CHOICE_DEFAULTS)
@@ -221,7 +210,4 @@ def env_defaults(
         values.update(reply_prefix=prefix, stop_strings=[prefix[-1]], max_new_tokens=8)
     elif not choices and decoding == "free" and flat_json_replies(schema):
         values.update(JSON_REPLY_DEFAULTS)
-    minibatch = given.get("minibatch_size")
-    if isinstance(minibatch, int) and minibatch >= 1:  # keep micro <= minibatch
-        values["micro_batch_size"] = min(values["micro_batch_size"], minibatch)
     return {key: value for key, value in values.items() if key not in given}
