@@ -34,6 +34,12 @@ def test_ppo_updates_on_a_textarena_game():
     assert config.decoding == "free" and metrics["env/invalid_rate"] == 0.0  # the game judges
 
 
+@pytest.mark.parametrize("env_id", ["textgym/Sokoban-v0", "textgym/FrozenLakeRandom-v0"])
+def test_ppo_updates_on_ragens_worlds(env_id):
+    config, metrics = one_update(env_id, num_steps=2)
+    assert config.decoding == "choices" and metrics["env/invalid_rate"] == 0.0
+
+
 def test_ppo_trains_through_an_openenv_server():
     """Served over OpenEnv and consumed as textgym/OpenEnv-v0: choice decoding, two updates."""
     pytest.importorskip("openenv")
