@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import gymnasium as gym
 import pytest
@@ -47,6 +50,21 @@ def wait_healthy(url: str, process: subprocess.Popen[bytes], timeout: float = 60
         except OSError:
             time.sleep(0.1)
     raise AssertionError(f"no healthy server at {url} within {timeout} s")
+
+
+@contextlib.contextmanager
+def serve_process(env_id: str = "textgym/Blackjack-v1") -> Iterator[tuple[str, Any]]:
+    """``textgym serve`` as a real process on a free port, healthy: (its URL, the process)."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = [sys.executable, "-m", "textgym.cli", "serve", env_id, "--port", str(port)]
+    process = subprocess.Popen(command, cwd=ROOT)
+    try:
+        wait_healthy(url, process)
+        yield url, process
+    finally:
+        process.kill()
+        process.wait(timeout=30)
 
 
 def test_schema_declares_the_reply_and_the_fields_a_trainer_reads() -> None:
@@ -89,12 +107,7 @@ def test_refuses_an_env_that_is_not_a_text_env() -> None:
 @pytest.mark.slow  # a subprocess
 def test_openenvs_own_client_plays_a_textgym_serve_process() -> None:
     """``textgym serve`` as a real process; OpenEnv's GenericEnvClient plays an episode."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    command = [sys.executable, "-m", "textgym.cli", "serve", "textgym/Blackjack-v1"]
-    process = subprocess.Popen([*command, "--port", str(port)], cwd=ROOT)
-    try:
-        wait_healthy(url, process)
+    with serve_process() as (url, _):
         local = gym.make("textgym/Blackjack-v1")
         local_messages, _ = local.reset(seed=5)
         with GenericEnvClient(base_url=url).sync() as client:
@@ -104,6 +117,3 @@ def test_openenvs_own_client_plays_a_textgym_serve_process() -> None:
         _, reward, terminated, _, info = local.step('{"action": "stick"}')
         assert (result.reward, result.done) == (reward, terminated)
         assert result.observation["info"]["env_action"] == 0
-    finally:
-        process.terminate()
-        process.wait(timeout=30)

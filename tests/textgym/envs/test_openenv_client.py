@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -25,7 +23,7 @@ from openenv.core.env_server.interfaces import Environment  # noqa: E402
 from openenv.core.env_server.types import Action, Observation, State  # noqa: E402
 from pydantic import Field  # noqa: E402
 
-from tests.textgym.test_openenv_server import free_port, wait_healthy  # noqa: E402
+from tests.textgym.test_openenv_server import serve_process  # noqa: E402
 from textgym.envs.openenv_client import (  # noqa: E402
     OpenEnvCapacityError,
     OpenEnvEnv,
@@ -140,12 +138,7 @@ def test_concurrent_clients_each_get_their_own_env_and_one_more_is_refused(
 
 @pytest.mark.slow  # a subprocess
 def test_a_server_killed_mid_episode_raises_a_clear_error() -> None:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    command = [sys.executable, "-m", "textgym.cli", "serve", "textgym/Blackjack-v1"]
-    process = subprocess.Popen([*command, "--port", str(port)], cwd=ROOT)
-    try:
-        wait_healthy(url, process)
+    with serve_process() as (url, process):
         remote = gym.make("textgym/OpenEnv-v0", base_url=url, timeout_s=10)
         remote.reset(seed=0)
         process.send_signal(signal.SIGKILL)
@@ -154,9 +147,6 @@ def test_a_server_killed_mid_episode_raises_a_clear_error() -> None:
         with pytest.raises(OpenEnvError, match="closed the session|did not answer"):
             remote.step(HIT)
         assert time.monotonic() - start < 10
-    finally:
-        process.kill()
-        process.wait(timeout=30)
 
 
 def test_a_server_that_never_answers_times_out() -> None:
