@@ -11,7 +11,7 @@ from gymnasium.utils.env_checker import check_env, data_equivalence
 from textgym.parsers import ActionParseError
 from textgym.wrappers import TextEnvWrapper
 
-__all__ = ["check_text_env", "find_text_wrapper"]
+__all__ = ["check_text_env", "find_text_wrapper", "prompt_parts"]
 
 
 def find_text_wrapper(env: gym.Env[Any, Any]) -> TextEnvWrapper:
@@ -26,6 +26,31 @@ def find_text_wrapper(env: gym.Env[Any, Any]) -> TextEnvWrapper:
             raise ValueError(f"Expected an env wrapped by TextEnvWrapper, got {env}")
         current = current.env
     return current
+
+
+def prompt_parts(env: gym.Env[Any, Any]) -> tuple[str, str, Any, float]:
+    """``(system prompt, reply instructions, parser, invalid penalty)`` of a text env.
+
+    From its ``TextEnvWrapper``, else from an env that declares them (``prompt_parts()``: an
+    OpenEnv server's env, ``textgym/OpenEnv-v0``).
+
+    Raises:
+        ValueError: If the env has neither.
+
+    Example:
+        >>> import textgym
+        >>> system, instructions, parser, penalty = prompt_parts(gym.make("textgym/Blackjack-v1"))
+        >>> system.endswith(instructions), penalty
+        (True, 1.0)
+    """
+    try:
+        text_env = find_text_wrapper(env)
+    except ValueError:
+        if env.has_wrapper_attr("prompt_parts"):
+            return env.get_wrapper_attr("prompt_parts")()  # type: ignore[no-any-return]
+        raise
+    parser = text_env.parser
+    return text_env.system_prompt, parser.instructions(), parser, text_env.invalid_penalty
 
 
 def check_text_env(

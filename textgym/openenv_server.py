@@ -41,7 +41,7 @@ from typing import Any
 import gymnasium as gym
 from pydantic import Field
 
-from textgym.checker import find_text_wrapper
+from textgym.checker import prompt_parts
 from textgym.episodes import reply_choices, reply_schemas
 from textgym.extras import require
 from textgym.recording import plain_json
@@ -54,7 +54,6 @@ from openenv.core.env_server.interfaces import Environment  # noqa: E402
 from openenv.core.env_server.types import Action, Observation, State  # noqa: E402
 
 __all__ = [
-    "DECLARED_INFO",
     "TextAction",
     "TextGymEnvironment",
     "TextObservation",
@@ -63,9 +62,6 @@ __all__ = [
     "running_server",
     "serve",
 ]
-
-DECLARED_INFO = ("invalid", "parse_error", "action_mask")
-"""Info keys sent as declared observation fields; the rest of ``info`` goes in ``info``."""
 
 
 class TextAction(Action):
@@ -128,11 +124,11 @@ class TextGymEnvironment(Environment[TextAction, TextObservation, TextState]):
         self.env = env
         spec = getattr(env, "spec", None)
         try:
-            wrapper = find_text_wrapper(env)
+            system_prompt, instructions, _, penalty = prompt_parts(env)
             prompt = {
-                "system_prompt": wrapper.system_prompt,
-                "instructions": wrapper.parser.instructions(),
-                "invalid_penalty": wrapper.invalid_penalty,
+                "system_prompt": system_prompt,
+                "instructions": instructions,
+                "invalid_penalty": penalty,
             }
         except ValueError:  # a text env of its own making
             prompt = {}

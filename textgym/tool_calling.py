@@ -18,7 +18,7 @@ import gymnasium as gym
 from gymnasium.envs.registration import EnvSpec
 from pydantic import BaseModel
 
-from textgym.checker import find_text_wrapper
+from textgym.checker import prompt_parts
 from textgym.instructions import _resolve, _type_text
 from textgym.parsers import JSONActionParser
 
@@ -183,7 +183,7 @@ def tool_env(
         raise ValueError(f"tool_name {tool_name!r} is taken; choose another name")
     probe = make()
     try:
-        system_prompt, instructions, parser, invalid_penalty = _prompt_parts(probe)
+        system_prompt, instructions, parser, invalid_penalty = prompt_parts(probe)
         parameters = _tool_parameters(parser)
         task = _task(system_prompt, instructions, tool_name, parameters)
         penalty = invalid_penalty if unfinished_penalty is None else unfinished_penalty
@@ -224,22 +224,6 @@ def _env_maker(
     if make_kwargs:
         raise ValueError(f"{sorted(make_kwargs)} only apply with an env id or spec")
     return env
-
-
-def _prompt_parts(env: gym.Env[Any, Any]) -> tuple[str, str, Any, float]:
-    """``(system prompt, reply instructions, parser, invalid penalty)`` of a text env.
-
-    From its ``TextEnvWrapper``, else from an env that declares them (``prompt_parts()``: an
-    OpenEnv server's env, ``textgym/OpenEnv-v0``).
-    """
-    try:
-        text_env = find_text_wrapper(env)
-    except ValueError:
-        if env.has_wrapper_attr("prompt_parts"):
-            return env.get_wrapper_attr("prompt_parts")()  # type: ignore[no-any-return]
-        raise
-    parser = text_env.parser
-    return text_env.system_prompt, parser.instructions(), parser, text_env.invalid_penalty
 
 
 def _tool_parameters(parser: Any) -> list[tuple[str, Any, str, Any]] | None:

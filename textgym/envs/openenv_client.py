@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import urllib.error
 import urllib.request
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, SupportsFloat
