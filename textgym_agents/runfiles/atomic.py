@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import secrets
 import shutil
@@ -26,12 +27,16 @@ from textgym.atomic import atomic_write_json as _atomic_write_json
 from textgym.atomic import fsync_dir as _fsync_dir
 from textgym_agents.exceptions import RunFileError
 
+logger = logging.getLogger(__name__)
+
 __all__ = [
     "atomic_directory",
     "atomic_write_bytes",
     "atomic_write_json",
     "load_tensors",
+    "open_log_file",
     "open_run_file",
+    "read_fd",
     "remove_path",
     "save_tensors",
 ]
@@ -65,6 +70,39 @@ def open_run_file(path: str | os.PathLike[str], flags: int, mode: int = 0o644) -
             f"{path} is a symbolic link; a run file must be a regular file inside its run "
             "directory (remove the link, or write the run to another directory)",
         ) from None
+
+
+def read_fd(fd: int) -> bytes:
+    """Everything left to read from ``fd``, from its current offset."""
+    return b"".join(iter(lambda: os.read(fd, 1 << 20), b""))
+
+
+def open_log_file(path: str | os.PathLike[str]) -> tuple[int, bytes]:
+    r"""Open a run's line log (``*.jsonl``) to append: ``(file descriptor, its complete lines)``.
+
+    Never through a symbolic link (:func:`open_run_file`); a partial last line, left by a
+    writer killed mid-line, is cut off the file first (with a warning) and left out of the
+    lines returned.
+
+    Example:
+        >>> import pathlib, tempfile
+        >>> path = pathlib.Path(tempfile.mkdtemp()) / "log.jsonl"
+        >>> _ = path.write_bytes(b'{"step": 1}\n{"st')
+        >>> fd, lines = open_log_file(path)
+        >>> os.close(fd); lines, path.read_bytes()
+        (b'{"step": 1}\n', b'{"step": 1}\n')
+    """
+    fd = open_run_file(path, os.O_RDWR | os.O_CREAT | os.O_APPEND)
+    try:
+        data = read_fd(fd)
+        if data and not data.endswith(b"\n"):
+            logger.warning("%s: dropping a truncated last line left by a killed run", path)
+            data = data[: data.rfind(b"\n") + 1]
+            os.ftruncate(fd, len(data))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, data
 
 
 def _refuse(obj: Any) -> Any:

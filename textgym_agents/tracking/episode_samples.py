@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from textgym_agents.runfiles.atomic import atomic_write_bytes, open_run_file
+from textgym_agents.runfiles.atomic import atomic_write_bytes, open_log_file, read_fd
 
 __all__ = [
     "EPISODES_FILE",
@@ -204,23 +204,14 @@ class EpisodeSampleLog:
         self.max_bytes = max_bytes
         self.max_record_bytes = max_record_bytes
         self._fd: int | None = None
-        self._lines: list[tuple[int, int]] = []  # (update, bytes) of each line in the file
+        self._updates: list[int] = []  # the update of each line in the file
         self._size = 0
         self._failed = False
         self._try(self._open, "open")
 
     def _open(self) -> None:
-        fd = open_run_file(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND)
-        try:
-            data = b"".join(iter(lambda: os.read(fd, 1 << 20), b""))
-            if data and not data.endswith(b"\n"):  # a writer killed mid-line
-                data = data[: data.rfind(b"\n") + 1]
-                os.ftruncate(fd, len(data))
-        except BaseException:
-            os.close(fd)
-            raise
-        self._fd = fd
-        self._lines = [(_update_of(line), len(line) + 1) for line in data.splitlines()]
+        self._fd, data = open_log_file(self.path)
+        self._updates = [_update_of(line) for line in data.splitlines()]
         self._size = len(data)
 
     def append(self, records: Iterable[Mapping[str, Any]]) -> None:
@@ -236,12 +227,12 @@ class EpisodeSampleLog:
             self._rewrite(self._read_lines() + lines)
             return
         os.write(self._fd, b"".join(lines))  # type: ignore[arg-type]
-        self._lines += [(_update_of(line), len(line)) for line in lines]
+        self._updates += [_update_of(line) for line in lines]
         self._size += new
 
     def _read_lines(self) -> list[bytes]:
         os.lseek(self._fd, 0, os.SEEK_SET)  # type: ignore[arg-type]
-        data = b"".join(iter(lambda: os.read(self._fd, 1 << 20), b""))  # type: ignore[arg-type]
+        data = read_fd(self._fd)  # type: ignore[arg-type]
         return [line + b"\n" for line in data.splitlines()]
 
     def _rewrite(self, lines: list[bytes]) -> None:
@@ -264,7 +255,7 @@ class EpisodeSampleLog:
         """Drop the records of updates after ``update`` (a run resumed from an earlier one)."""
         if self._failed or self._fd is None:
             return
-        if any(u > update for u, _ in self._lines):
+        if any(u > update for u in self._updates):
             self._try(
                 lambda: self._replace([x for x in self._read_lines() if _update_of(x) <= update]),
                 "rewrite",

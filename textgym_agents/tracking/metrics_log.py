@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from textgym_agents.runfiles.atomic import atomic_write_bytes, open_run_file
+from textgym_agents.runfiles.atomic import atomic_write_bytes, open_log_file
 
 __all__ = ["METRICS_FILE", "REPORT_TO", "MetricsLogger", "read_metrics"]
 
@@ -154,16 +154,8 @@ class MetricsLogger:
 
         A writer killed mid-line leaves a partial last line: it is dropped before appending.
         """
-        fd = open_run_file(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND)
-        try:
-            data = b"".join(iter(lambda: os.read(fd, 1 << 20), b""))
-            if data and not data.endswith(b"\n"):
-                logger.warning("%s: dropping a truncated last line left by a killed run", self.path)
-                os.ftruncate(fd, data.rfind(b"\n") + 1)
-            return open(fd, "a", encoding="utf-8", closefd=True)  # noqa: SIM115 - closed in close()
-        except BaseException:
-            os.close(fd)
-            raise
+        fd, _ = open_log_file(self.path)
+        return open(fd, "a", encoding="utf-8", closefd=True)  # noqa: SIM115 - closed in close()
 
     def log(self, metrics: Mapping[str, Any], step: int) -> None:
         """Record ``metrics`` (numbers, numpy/torch scalars) at ``step``; NaN/inf become null."""
