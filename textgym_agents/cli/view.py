@@ -41,10 +41,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run_view(args: argparse.Namespace) -> int:
     """``textgym view``: write the page and print where it is."""
     run = Path(args.run_dir)
-    if not run.is_dir():
-        raise CLIError(f"no such run directory: {run}")
-    if not (run / "metrics.jsonl").is_file():
-        raise CLIError(f"{run} is not a run directory: it has no metrics.jsonl")
     from textgym_agents.runfiles.atomic import atomic_write_bytes
     from textgym_agents.tracking.run_page import RunPageError, render_run_page
 
