@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 import inspect
 import reprlib
-from collections import deque
 from collections.abc import Mapping
 from typing import Any, SupportsFloat
 
@@ -18,6 +17,7 @@ import numpy as np
 from gymnasium.core import ActType, ObsType
 
 from textgym.action_masks import ActionMasking
+from textgym.conversation import Conversation, Messages, invalid_reply_note
 from textgym.formatters import Formatter, as_formatter
 from textgym.parsers import ActionParseError, ActionParser, as_parser
 from textgym.references import reference_of
@@ -26,7 +26,6 @@ from textgym.wrapper_options import INVALID_MODES, check_options, json_like, sys
 
 __all__ = ["INVALID_MODES", "WRAPPER_OPTIONS", "Messages", "TextEnvWrapper"]
 
-Messages = list[dict[str, str]]
 _ERROR_ROOM = 1024  # characters reserved in a user message for the quoted parse error
 
 
@@ -177,8 +176,7 @@ class TextEnvWrapper(gym.Wrapper[Messages, str, ObsType, ActType], gym.utils.Rec
         self.observation_space = ChatMessages(2 + 2 * history, content_limit)
         self.action_space = UnicodeText(max_reply_chars)
 
-        self._turns: deque[tuple[str, str]] = deque(maxlen=history)
-        self._user_text = ""
+        self._chat = Conversation(self.system_prompt, history)
         self._obs_text = ""
         self._invalid_count = 0
         self._consecutive_invalid = 0
@@ -189,13 +187,14 @@ class TextEnvWrapper(gym.Wrapper[Messages, str, ObsType, ActType], gym.utils.Rec
     ) -> tuple[Messages, dict[str, Any]]:
         """Reset the env and return the first prompt."""
         obs, info = self.env.reset(seed=seed, options=options)
-        self._turns.clear()
+        self._chat.reset()
         self._invalid_count = self._consecutive_invalid = 0
         if self.masking is not None:
             self.masking.update(obs, info, required=True)
-        self._obs_text = self._user_text = self.format_observation(obs, info)
+        self._obs_text = self.format_observation(obs, info)
+        self._chat.observe(self._obs_text)
         self._env_info = info
-        return self._messages(), self._with_mask(dict(info))
+        return self._chat.messages(), self._with_mask(dict(info))
 
     def step(self, action: str) -> tuple[Messages, SupportsFloat, bool, bool, dict[str, Any]]:
         """Parse the reply, step the env (or handle an invalid reply); return the next prompt."""
@@ -209,13 +208,14 @@ class TextEnvWrapper(gym.Wrapper[Messages, str, ObsType, ActType], gym.utils.Rec
                 illegal, env_action = env_action, None
         if error is not None and self.on_invalid == "raise":
             raise ActionParseError(error, action)
-        self._turns.append((self._user_text, action[: self.max_reply_chars]))
+        self._chat.answer(action[: self.max_reply_chars])
 
         if error is None:
             self._consecutive_invalid = 0
             obs, reward, terminated, truncated, info = self.env.step(env_action)
             self._observe_mask(obs, info)
-            self._obs_text = self._user_text = self.format_observation(obs, info)
+            self._obs_text = self.format_observation(obs, info)
+            self._chat.observe(self._obs_text)
             self._env_info = info
             info = dict(info)
             parsed = env_action
@@ -232,16 +232,16 @@ class TextEnvWrapper(gym.Wrapper[Messages, str, ObsType, ActType], gym.utils.Rec
                 reward = float(reward) - self.invalid_penalty
                 self._obs_text = self.format_observation(obs, info)
                 self._env_info = info
-                note = f"Your last reply was invalid ({error}); the default action was taken."
+                note = invalid_reply_note(error, "The default action was taken.")
                 info = dict(info)
             else:
                 env_action = None
                 reward, terminated = -self.invalid_penalty, False
                 truncated = self._consecutive_invalid >= self.max_invalid
-                note = f"Your last reply was invalid ({error}). Reply again in the required format."
+                note = invalid_reply_note(error, "Reply again in the required format.")
                 # The env did not move: repeat its last info (a copy, as callers keep infos).
                 info = copy.deepcopy(dict(self._env_info))
-            self._user_text = f"{note}\n\n{self._obs_text}"
+            self._chat.observe(f"{note}\n\n{self._obs_text}")
 
         # Keys without a value are left out rather than set to None: vector envs batch each
         # key into an array typed by its first value, and None beside a number breaks that.
@@ -259,7 +259,7 @@ class TextEnvWrapper(gym.Wrapper[Messages, str, ObsType, ActType], gym.utils.Rec
             info["parse_error"] = error
         if illegal is not None:
             info["illegal_action"] = illegal
-        return self._messages(), reward, terminated, truncated, self._with_mask(info)
+        return self._chat.messages(), reward, terminated, truncated, self._with_mask(info)
 
     def parse_reply(self, reply: str) -> tuple[Any, str | None]:
         """Return ``(env_action, None)`` for a valid reply, else ``(None, error message)``.
@@ -373,14 +373,6 @@ class TextEnvWrapper(gym.Wrapper[Messages, str, ObsType, ActType], gym.utils.Rec
         if self.masking is not None:
             info["action_mask"] = self.masking.int8()
         return info
-
-    def _messages(self) -> Messages:
-        messages = [{"role": "system", "content": self.system_prompt}]
-        for user, assistant in self._turns:
-            messages.append({"role": "user", "content": user})
-            messages.append({"role": "assistant", "content": assistant})
-        messages.append({"role": "user", "content": self._user_text})
-        return messages
 
     def _resolve_default_action(self, default_action: Any) -> Any:
         if default_action is None:

@@ -21,7 +21,7 @@ import gymnasium as gym
 import torch
 
 from textgym import FunctionParser, TextEnvWrapper
-from textgym.wrappers import Messages
+from textgym.conversation import Conversation, Messages
 from textgym_agents.policy import PPOPolicy
 from textgym_agents.ppo.buffer import RolloutBuffer, Turn
 from textgym_agents.ppo.config import PPOConfig
@@ -160,13 +160,11 @@ class Agent(ABC):
 
     def act(self, observation: Any) -> Any:
         """Show the observation to the model, record its reply and return the env action."""
-        self.current_episode_messages.append(
-            {"role": "user", "content": self.format_observation(observation)}
-        )
+        self._chat.observe(self.format_observation(observation))
         choices = [list(self.replies)] if self.replies else None
-        generation = self.policy.generate([self.current_episode_messages], choices=choices)
+        generation = self.policy.generate([self._chat.messages()], choices=choices)
         response = generation.texts[0]
-        self.current_episode_messages.append({"role": "assistant", "content": response})
+        self._chat.answer(response)
         action, invalid = self._extract(response)
         turn = Turn(
             generation.prompt_ids[0],
@@ -221,10 +219,13 @@ class Agent(ABC):
         self.episodes_in_buffer = 0
         return stats
 
+    @property
+    def current_episode_messages(self) -> Messages:
+        """The episode's conversation so far: the system prompt, then every turn."""
+        return self._chat.messages()
+
     def _reset_conversation(self) -> None:
-        self.current_episode_messages: list[dict[str, str]] = [
-            {"role": "system", "content": self.get_system_prompt()}
-        ]
+        self._chat = Conversation(self.get_system_prompt(), history=None)
         self.current_turns: list[Turn] = []
 
     # --- the agent's model as a textgym Policy (evaluate, record_trajectories) ----------------

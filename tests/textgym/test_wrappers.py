@@ -94,7 +94,7 @@ def test_default_action_mode_steps_env_with_penalty():
     assert reward == raw_reward - 0.25 and terminated
     assert info["env_action"] == 0 and "parsed_action" not in info
     assert messages[-1]["content"].startswith("Your last reply was invalid (")
-    assert "the default action was taken." in messages[-1]["content"]
+    assert "The default action was taken." in messages[-1]["content"]
 
 
 def test_raise_mode_raises_parse_error():

@@ -13,6 +13,7 @@ import gymnasium as gym
 import numpy as np
 
 from textgym.action_masks import ActionMasking
+from textgym.conversation import Conversation, invalid_reply_note
 
 __all__ = [
     "SEAT_MODES",
@@ -106,9 +107,11 @@ class TextOpponent(Opponent):
     """A text policy plays the other seats: it reads the prompt the agent would read there.
 
     ``policy`` is a callable ``messages -> reply`` or a :class:`textgym.Policy` (given the legal
-    replies when it wants choices or schemas). It sees the system prompt and the current
-    observation of its seat (no history). A reply that is invalid or names an illegal move is
-    replaced by a random legal move and counted in :attr:`invalid_replies`.
+    replies when it wants choices or schemas). Its prompt is built as the agent's is, by the
+    text env's :class:`~textgym.conversation.Conversation`: the system prompt, the seat's last
+    ``history`` turns and its current observation. A reply that is invalid or names an illegal
+    move is replaced by a random legal move, counted in :attr:`invalid_replies` and noted in
+    the next prompt, as the agent's invalid replies are.
 
     Needs the text env built around the seat (:func:`~textgym.envs.pettingzoo_text.
     pettingzoo_text_env` binds it).
@@ -122,17 +125,23 @@ class TextOpponent(Opponent):
         self.name = name
         self.invalid_replies = 0
         self._text_env: Any = None
+        self._chat: Conversation | None = None
+        self._note = ""
         self._fallback = RandomOpponent()
 
     def reset(self, seed: int | None = None) -> None:
-        """Reseed the fallback move generator."""
+        """Start a new game: forget the seat's turns, reseed the fallback move generator."""
         self._fallback.reset(seed)
+        self._note = ""
+        if self._chat is not None:
+            self._chat.reset()
 
     def bind(self, env: gym.Env[Any, Any]) -> None:
         """Find the text env whose prompts and parser the opponent uses."""
         from textgym.checker import find_text_wrapper
 
-        self._text_env = find_text_wrapper(env)
+        self._text_env = text_env = find_text_wrapper(env)
+        self._chat = Conversation(text_env.system_prompt, text_env.history)
 
     def act(self, observation: Any, info: Mapping[str, Any]) -> Any:
         """The policy's reply, parsed; a random legal move if it is invalid or illegal."""
@@ -144,23 +153,29 @@ class TextOpponent(Opponent):
             )
         masking = ActionMasking(text_env.env.action_space, text_env.parser)
         masking.update(observation, info, required=True)
-        messages = [
-            {"role": "system", "content": text_env.system_prompt},
-            {"role": "user", "content": text_env.format_observation(observation, info)},
-        ]
+        chat = self._chat
+        assert chat is not None  # set with _text_env
+        chat.observe(self._note + text_env.format_observation(observation, info))
+        messages = chat.messages()
         kwargs: dict[str, Any] = {}
         if self.policy.wants_choices:
             kwargs["choices"] = [masking.choices()]
         if self.policy.wants_schemas:
             kwargs["schemas"] = [masking.schema()]
         reply = self.policy.act_batch([messages], greedy=self.greedy, **kwargs)[0]
+        chat.answer(reply[: text_env.max_reply_chars])
+        self._note = ""
         try:  # the text env's parse_reply would check the agent's mask, not this seat's
             action = text_env.parser.parse(reply)
-            if text_env.env.action_space.contains(action) and masking.legal(action):
+        except Exception as e:  # noqa: BLE001 (any failure: an invalid reply)
+            error = str(e)
+        else:
+            if not text_env.env.action_space.contains(action):
+                error = f"{action!r} is not in the action space"
+            elif (error := masking.error(action)) is None:
                 return action
-        except Exception:  # noqa: BLE001, S110 (any failure: an invalid reply)
-            pass
         self.invalid_replies += 1
+        self._note = invalid_reply_note(error, "A random legal move was played.") + "\n\n"
         return self._fallback.act(observation, info)
 
 

@@ -150,6 +150,29 @@ def test_a_text_opponent_reads_its_seats_prompt_and_falls_back_when_invalid():
         bare.reset(seed=0)
 
 
+def test_a_text_opponent_sees_the_prompt_the_agent_would_see_there():
+    # the same history window and invalid-reply note as the agent's own prompts
+    seen = []
+
+    def llm(messages):
+        seen.append(messages)
+        legal = messages[-1]["content"].split("Legal moves: ")[1].rstrip(".").split(", ")
+        return "pass" if len(seen) == 1 else f'{{"move": "{legal[0]}"}}'
+
+    opponent = TextOpponent(llm)
+    env = gym.make("textgym/TicTacToe-v0", opponent=opponent, seat=1, history=1)
+    env.reset(seed=0)
+    env.step('{"move": "b2"}')
+    first, second = seen
+    assert [m["role"] for m in first] == ["system", "user"]
+    assert [m["role"] for m in second] == ["system", "user", "assistant", "user"]
+    assert second[2]["content"] == "pass"
+    assert second[3]["content"].startswith("Your last reply was invalid (")
+    assert "A random legal move was played." in second[3]["content"]
+    env.reset(seed=1)  # a new game forgets the seat's turns
+    assert [m["role"] for m in seen[-1]] == ["system", "user"]
+
+
 @pytest.mark.parametrize("env_id", GAMES)
 def test_checkers_are_clean(env_id):
     env = gym.make(env_id)
