@@ -265,11 +265,12 @@ def _plan(args: argparse.Namespace, config_cls: Any) -> _Plan:
             )
         make_env(env_id, {**env_args, "reverse_curriculum": True}).close()
     given = {**saved_ppo, **file_ppo, **flags}
+    num_envs = pick("num_envs", per_env["num_envs"])
     sources = {key: "the resumed run's config.json" for key in saved_ppo}
     sources.update({key: f"--config {args.config}" for key in file_ppo})
     sources.update({key: "--" + key.replace("_", "-") for key in flags})
     try:
-        config = config_cls.for_env(probe, **given)
+        config = config_cls.for_env(probe, num_envs=num_envs, **given)
     except (TypeError, ValueError) as e:
         raise UsageError(_source_note(one_line(e), sources)) from e
     finally:
@@ -295,7 +296,7 @@ def _plan(args: argparse.Namespace, config_cls: Any) -> _Plan:
         model=_model_arg(pick("model", saved_model)),
         dtype=_dtype(args.dtype, saved_dtype),
         episodes=pick("episodes", per_env["episodes"]),
-        num_envs=pick("num_envs", per_env["num_envs"]),
+        num_envs=num_envs,
         eval_episodes=pick("eval_episodes", per_env["eval_episodes"]),
         curriculum=bool(pick("curriculum", False)),
         config=config,

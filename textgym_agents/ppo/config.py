@@ -337,33 +337,38 @@ class PPOConfig:
         self.micro_batch_size = min(self.micro_batch_size, self.minibatch_size)
 
     @classmethod
-    def for_env(cls, env: Any, **settings: Any) -> PPOConfig:
+    def for_env(cls, env: Any, *, num_envs: int | None = None, **settings: Any) -> PPOConfig:
         """The settings that suit ``env`` (what ``textgym train`` uses), then ``settings``.
 
         The one source of per-env defaults, on top of the field defaults (a quick CPU run):
         where the env lists its valid replies, choice decoding with their common start as
         ``reply_prefix`` and exploration settings; where its replies are flat JSON objects, free
-        text from ``{"`` to ``}`` (:func:`~textgym_agents.ppo.defaults.env_defaults`). Every key
-        of ``settings`` wins over them.
+        text from ``{"`` to ``}`` (:func:`~textgym_agents.ppo.defaults.env_defaults`); then, for
+        a registered env with a measured recipe, its settings
+        (:data:`~textgym_agents.ppo.defaults.ENV_RECIPES`: Blackjack's GiGPO). Every key of
+        ``settings`` wins over them. A recipe whose groups do not fit the envs is left out, with
+        a warning.
 
         Args:
             env: A text env, a text vector env, or a registered env id.
+            num_envs: The envs training will run, where ``env`` is not that vector env.
             **settings: ``PPOConfig`` fields to set (unknown names are rejected).
 
         Example:
             >>> import gymnasium as gym, textgym
             >>> config = PPOConfig.for_env(gym.make("textgym/Blackjack-v1"), seed=1)
-            >>> config.decoding, config.reply_prefix, config.seed
-            ('choices', '{"action": "', 1)
+            >>> config.decoding, config.reply_prefix, config.seed, config.advantage_estimator
+            ('choices', '{"action": "', 1, 'gigpo')
             >>> calculator = PPOConfig.for_env("textgym/Calculator-v0")  # JSON tool calls
             >>> calculator.decoding, calculator.reply_prefix, calculator.stop_strings
             ('free', '{"', ['}'])
         """
-        from textgym_agents.ppo.defaults import env_defaults, reply_hints
+        from textgym_agents.ppo.defaults import env_defaults, recipe_of, reply_hints
 
         choices, schema = reply_hints(env)
         defaults = env_defaults(choices, settings, schema=schema)
-        return cls.from_dict({**defaults, **settings})
+        recipe = recipe_of(env, settings, num_envs)
+        return cls.from_dict({**defaults, **recipe, **settings})
 
     def to_dict(self) -> dict[str, Any]:
         """Return the settings as a JSON-ready dict."""

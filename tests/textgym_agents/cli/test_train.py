@@ -290,8 +290,11 @@ def test_the_default_run_is_the_calculator_recipe_and_flags_win(tmp_path):
     told = plan("--episodes", "5", "--num-envs", "2", "--temperature", "1.0")
     assert (told.episodes, told.num_envs, told.config.temperature) == (5, 2, 1.0)
     blackjack = plan("textgym/Blackjack-v1")
-    assert (blackjack.episodes, blackjack.num_envs, blackjack.eval_episodes) == (500, 16, 50)
+    assert (blackjack.episodes, blackjack.num_envs, blackjack.eval_episodes) == (6000, 16, 50)
     assert blackjack.config.decoding == "choices" and blackjack.config.temperature == 2.0
+    assert blackjack.config.advantage_estimator == "gigpo" and blackjack.config.group_size == 4
+    lake = plan("textgym/FrozenLake-v1")  # no measured recipe: the general defaults
+    assert (lake.episodes, lake.config.advantage_estimator) == (500, "gae")
 
 
 def test_resume_of_a_finished_run_without_its_final_policy_writes_it(run_dir, tmp_path, capsys):

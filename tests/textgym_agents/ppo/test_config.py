@@ -63,16 +63,23 @@ def test_for_env_is_the_cli_default_and_settings_win():
     import gymnasium as gym
 
     import textgym  # noqa: F401
-    from textgym_agents.ppo.defaults import CHOICE_DEFAULTS, JSON_REPLY_DEFAULTS
+    from textgym_agents.ppo.defaults import CHOICE_DEFAULTS, ENV_RECIPES, JSON_REPLY_DEFAULTS
 
     env = gym.make("textgym/Blackjack-v1")
     config = PPOConfig.for_env(env, temperature=1.5)
     assert config.decoding == "choices" and config.reply_prefix == '{"action": "'
     assert config.temperature == 1.5  # given settings win
-    assert config.ent_coef == CHOICE_DEFAULTS["ent_coef"]
+    assert config.ent_coef == ENV_RECIPES["textgym/Blackjack-v1"]["ent_coef"]  # its recipe
+    assert config.advantage_estimator == "gigpo" and config.anneal_lr
+    assert PPOConfig.for_env(env, ent_coef=0.1).ent_coef == 0.1  # given settings win over it
+    assert PPOConfig.for_env("textgym/FrozenLake-v1").ent_coef == CHOICE_DEFAULTS["ent_coef"]
     assert config.num_steps == PPOConfig().num_steps  # one source of the other defaults
-    vector = PPOConfig.for_env(gym.make_vec("textgym/Blackjack-v1", num_envs=2))
+    vector = PPOConfig.for_env(gym.make_vec("textgym/Blackjack-v1", num_envs=4))
     assert vector == PPOConfig.for_env("textgym/Blackjack-v1") == PPOConfig.for_env(env)
+    with pytest.warns(UserWarning, match="groups of 4 need num_envs to be a multiple of 4"):
+        two = PPOConfig.for_env(gym.make_vec("textgym/Blackjack-v1", num_envs=2))
+    assert two.advantage_estimator == "gae" and two.ent_coef == CHOICE_DEFAULTS["ent_coef"]
+    assert PPOConfig.for_env(env, num_envs=2, group_size=2).advantage_estimator == "gigpo"
     free = PPOConfig.for_env("textgym/Calculator-v0")  # replies: flat JSON objects
     assert free.decoding == "free" and free.reply_prefix == '{"' and free.stop_strings == ["}"]
     assert free.temperature == JSON_REPLY_DEFAULTS["temperature"] and free.micro_batch_tokens == 512
