@@ -79,9 +79,11 @@ def test_checkpoint_is_loadable_as_a_policy(tmp_path):
     assert PPOPolicy.load(checkpoint).config.seed == 3
 
 
-# The novelty bonus's visit counts are part of the run's state: FrozenLake revisits states.
+# The novelty bonus's visit counts are part of the run's state: FrozenLake revisits states;
+# so is the entropy bonus's weight when an entropy target steers it.
 RESUMED_RUNS = {
     "plain": ({}, envs),
+    "entropy target": ({"decoding": "choices", "ent_coef": 0.1, "entropy_target": 2.0}, envs),
     "novelty": (
         {"novelty_bonus": 0.2, "decoding": "choices"},
         lambda: gym.make_vec("textgym/FrozenLake-v1", num_envs=4, max_episode_steps=6),

@@ -226,7 +226,17 @@ class PPOConfig:
     clip_range: float = _help(0.2, "PPO ratio clipping epsilon.")
     clip_range_value: float | None = _help(0.2, "Value clipping around old values (None: off).")
     vf_coef: float = _help(0.5, "Weight of the value loss.")
-    ent_coef: float = _help(0.0, "Weight of the entropy bonus.")
+    ent_coef: float = _help(
+        0.0, "Weight of the entropy bonus (with entropy_target: its starting weight)."
+    )
+    entropy_target: float | None = _help(
+        None,
+        "Steer the entropy bonus toward this mean policy entropy (nats per scored token; with "
+        "choices, of the distribution over the valid replies, at most ln of their number): "
+        "after each update ent_coef is multiplied by 2 ** clip((target - entropy) / target, "
+        "-1, 1), within [1e-4, 10], so a policy collapsing onto one reply is pushed back. "
+        "Needs ent_coef > 0. None: ent_coef stays fixed.",
+    )
     max_grad_norm: float = _help(1.0, "Gradient clipping norm.")
     whiten_advantages: bool = _help(
         True, "GAE: normalise advantages over the batch (group estimators normalise per group)."
@@ -289,7 +299,12 @@ class PPOConfig:
         _check(self, "save_every", _integer(self.save_every) and self.save_every >= 0, ">= 0")
         ok = _integer(self.sample_episodes) and self.sample_episodes >= 0
         _check(self, "sample_episodes", ok, "an int >= 0")
-        for name in ["clip_range_value", "target_kl"]:
+        if self.entropy_target is not None and not self.ent_coef > 0:
+            raise ValueError(
+                f"entropy_target={self.entropy_target} steers ent_coef multiplicatively, so it "
+                f"needs a starting ent_coef > 0, got ent_coef={self.ent_coef}"
+            )
+        for name in ["clip_range_value", "target_kl", "entropy_target"]:
             value = getattr(self, name)
             _check(self, name, value is None or (_number(value) and value > 0), "> 0 or None")
         tokens = self.micro_batch_tokens

@@ -336,6 +336,45 @@ class FixedKLController:
         """Do nothing; present so both controllers are interchangeable."""
 
 
+class EntropyController:
+    """The entropy bonus's weight: fixed, or steered toward a target entropy after each update.
+
+    With a ``target``, the weight is multiplied by ``2 ** clip((target - entropy) / target, ±1)``
+    after each update: doubled at most when the policy's entropy has fallen to 0, halved at most
+    when it is twice the target, and kept within ``[1e-4, 10]`` so it can always come back.
+
+    Example:
+        >>> ent = EntropyController(0.1, target=0.8)
+        >>> ent.update(0.4)  # entropy at half the target: the weight grows by 2 ** 0.5
+        >>> round(ent.value, 4)
+        0.1414
+        >>> ent.update(float("nan")); round(ent.value, 4)  # no update ran: unchanged
+        0.1414
+        >>> fixed = EntropyController(0.3, target=None)
+        >>> fixed.update(0.0); fixed.value
+        0.3
+    """
+
+    BOUNDS = (1e-4, 10.0)
+
+    def __init__(self, ent_coef: float, target: float | None) -> None:
+        if ent_coef < 0 or (target is not None and (target <= 0 or ent_coef <= 0)):
+            raise ValueError(
+                "Expected ent_coef >= 0, and with a target: target > 0 and ent_coef > 0, got "
+                f"ent_coef={ent_coef}, target={target}"
+            )
+        self.value = ent_coef
+        self.target = target
+
+    def update(self, entropy: float) -> None:
+        """Steer the weight by the update's mean policy entropy (non-finite: unchanged)."""
+        if self.target is None or not math.isfinite(entropy):
+            return
+        error = min(max((self.target - float(entropy)) / self.target, -1.0), 1.0)
+        low, high = self.BOUNDS
+        self.value = min(max(self.value * 2.0**error, low), high)
+
+
 class AdaptiveKLController:
     """Adaptive KL coefficient of Ziegler et al. (2019), steering the observed KL to a target.
 

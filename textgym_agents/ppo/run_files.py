@@ -89,6 +89,7 @@ def write_checkpoint(
         "episodes": trainer.episodes,
         "turns": trainer.turns,
         "kl_coef": float(trainer.kl_ctl.value),
+        "ent_coef": float(trainer.ent_ctl.value),
         "numpy_rng": boundary["numpy_rng"],
         "nonfinite_streak": trainer.nonfinite_streak,
         "nonfinite_total": trainer.nonfinite_total,
@@ -141,6 +142,7 @@ def restore_checkpoint(trainer: PPOTrainer, process: Distributed, path: str | Pa
     trainer.episodes = int(state["episodes"])
     trainer.turns = int(state["turns"])
     trainer.kl_ctl.value = float(state["kl_coef"])
+    trainer.ent_ctl.value = float(state.get("ent_coef", trainer.config.ent_coef))
     trainer.nonfinite_streak = int(state.get("nonfinite_streak", 0))
     trainer.nonfinite_total = int(state.get("nonfinite_total", 0))
     if trainer.novelty is not None:

@@ -105,7 +105,12 @@ def score_inputs(turns: list[Turn], rows: list[int]) -> dict[str, Any]:
 
 
 def micro_batch_loss(
-    policy: Any, config: Any, turns: list[Turn], minibatch_tokens: float, minibatch_turns: float
+    policy: Any,
+    config: Any,
+    turns: list[Turn],
+    minibatch_tokens: float,
+    minibatch_turns: float,
+    ent_coef: float | None = None,
 ) -> dict[str, float]:
     """Forward + backward of one micro-batch, weighted so the minibatch sums to means.
 
@@ -121,8 +126,11 @@ def micro_batch_loss(
             ``returns`` set).
         minibatch_tokens: Scored tokens of the whole minibatch (over every process).
         minibatch_turns: Turns of the whole minibatch (over every process).
+        ent_coef: The entropy bonus's weight now (default ``config.ent_coef``; the trainer's
+            :class:`~textgym_agents.ppo.core.EntropyController` steers it).
     """
     device = policy.device
+    ent_coef = config.ent_coef if ent_coef is None else ent_coef
     critic = config.uses_critic  # critic-free: no value forward, no value loss
     scores = policy.score(
         [t.prompt_ids for t in turns],
@@ -142,7 +150,7 @@ def micro_batch_loss(
     ent = core.masked_mean(scores.entropy, scores.mask)
     token_share = float(scores.mask.sum()) / minibatch_tokens
     turn_share = len(turns) / minibatch_turns
-    loss = (pg_loss - config.ent_coef * ent) * token_share
+    loss = (pg_loss - ent_coef * ent) * token_share
     stats = {}
     if critic:
         old_values = torch.tensor([t.value for t in turns], device=device)
@@ -191,6 +199,7 @@ def minibatch_loss(
     minibatch: list[list[int]],
     minibatch_tokens: float,
     minibatch_turns: float,
+    ent_coef: float | None = None,
 ) -> dict[str, float]:
     """:func:`micro_batch_loss` of each micro-batch of ``minibatch``; the summed statistics.
 
@@ -201,7 +210,7 @@ def minibatch_loss(
     for micro in minibatch:
         micro_turns = [turns[i] for i in micro]
         micro_stats = micro_batch_loss(
-            policy, config, micro_turns, minibatch_tokens, minibatch_turns
+            policy, config, micro_turns, minibatch_tokens, minibatch_turns, ent_coef
         )
         for key, value in micro_stats.items():
             stats[key] = stats.get(key, 0.0) + value

@@ -140,6 +140,8 @@ class PPOTrainer:
             self.collector = make_collector(self.envs, config, process, anchor_key)
         self.optimizer = make_optimizer(policy, config)
         self.kl_ctl = make_kl_controller(config)
+        # The entropy bonus's weight (fixed, or steered to config.entropy_target), checkpointed.
+        self.ent_ctl = core.EntropyController(config.ent_coef, config.entropy_target)
         # The novelty bonus's visit counts (config.novelty_bonus), kept by checkpoints.
         self.novelty = VisitCounts(config.novelty_bonus) if config.novelty_bonus > 0 else None
         self.rng = np.random.default_rng(process.seed(config.seed))
@@ -417,7 +419,9 @@ class PPOTrainer:
         # Token- and turn-level means over every process's minibatch of this step.
         tokens = sum(turns[i].scored_tokens for micro in minibatch for i in micro)
         tokens, size = self.process.sum([tokens, sum(len(micro) for micro in minibatch)])
-        step_stats = minibatch_loss(self.policy, self.config, turns, minibatch, tokens, size)
+        step_stats = minibatch_loss(
+            self.policy, self.config, turns, minibatch, tokens, size, self.ent_ctl.value
+        )
         keys = [k for k in STEP_STATS if self.config.uses_critic or not k.startswith(VALUE_STATS)]
         step_stats = self.process.sync_gradients(params, step_stats, keys)
         grad_norm = torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm)
@@ -436,6 +440,8 @@ class PPOTrainer:
         table, _ = self.process.gather(rollout_stats.turn_table(turns))  # every process's turns
         mean_kl = float(np.mean(table[:, -1].numpy()))
         self.kl_ctl.update(mean_kl, len(table))  # a non-finite KL leaves beta unchanged
+        # An update without an optimizer step has no entropy: the weight stays.
+        self.ent_ctl.update(stats.get("policy/entropy", math.nan))
         self.update_step += 1
         skipped = int(stats.pop("train/nonfinite_steps"))
         self.nonfinite_total += skipped
@@ -446,6 +452,7 @@ class PPOTrainer:
             "env/turns": self.turns,
             **rollout_stats.turn_metrics(table, values=self.config.uses_critic),
             "objective/kl_coef": float(self.kl_ctl.value),
+            "objective/ent_coef": float(self.ent_ctl.value),
             "time/score_s": score_s,
             "time/update_s": update_s,
             "train/nonfinite_steps": skipped,
