@@ -106,6 +106,7 @@ def test_decide_must_say_hit_stick_or_a_probability(bad):
         blackjack_exact.expected_return(lambda *s: bad)
 
 
+@pytest.mark.slow
 def test_basic_strategy_is_optimal():
     """No change of one state's decision raises the return, so nothing beats basic strategy."""
     table = {s: blackjack_exact.basic_strategy(*s) for s in blackjack_exact.states()}

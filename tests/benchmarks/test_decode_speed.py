@@ -2,9 +2,12 @@
 
 import re
 
+import pytest
+
 from tests.benchmarks.scripts import run_script
 
 
+@pytest.mark.slow
 def test_the_arms_are_compared_with_the_measured_bound(tiny_dir):
     args = ["--model", tiny_dir, "--tokens", "4", "--batches", "1", "2", "--rounds", "1"]
     lines = run_script("decode_speed.py", *args, timeout=300).stdout.splitlines()
@@ -19,6 +22,7 @@ def test_the_arms_are_compared_with_the_measured_bound(tiny_dir):
     assert re.search(r"take \d+% of the policy", floor)
 
 
+@pytest.mark.slow
 def test_dtype_is_a_choice(tiny_dir):
     args = ["--model", tiny_dir, "--tokens", "2", "--batches", "1", "--rounds", "1"]
     lines = run_script("decode_speed.py", *args, "--dtype", "bfloat16", timeout=300)

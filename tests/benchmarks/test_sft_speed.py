@@ -18,6 +18,7 @@ def test_each_precision_is_trained_timed_and_scored(tiny_dir):
     assert all(-1.0 < value < 1.0 for value in exact)
 
 
+@pytest.mark.slow
 def test_unknown_arms_are_refused(tiny_dir):
     result = run_script("sft_speed.py", "--arms", "fp8", ok=(2,), timeout=120)
     assert "unknown arms ['fp8']" in result.stderr

@@ -49,6 +49,7 @@ def test_the_module_examples_run():
         ("CliffWalking-v1", {"max_episode_steps": 100, "is_slippery": True}, "optimal", 2_000),
     ],
 )
+@pytest.mark.slow
 def test_the_exact_return_is_the_mean_of_real_episodes(env_id, kwargs, table, episodes):
     env = gym.make(env_id, **kwargs)
     horizon = env.spec.max_episode_steps
@@ -89,6 +90,7 @@ def test_an_env_without_a_transition_table_is_refused():
     ("env_id", "kwargs"),
     [("textgym/FrozenLake-v1", {"is_slippery": False}), ("textgym/CliffWalking-v1", {})],
 )
+@pytest.mark.slow
 def test_the_greedy_table_plays_as_the_policy_does_in_the_text_env(tiny_dir, env_id, kwargs):
     """Deterministic envs: one greedy episode of the text env returns the table's exact value."""
     env = gym.make(env_id, **kwargs)
@@ -101,6 +103,7 @@ def test_the_greedy_table_plays_as_the_policy_does_in_the_text_env(tiny_dir, env
     assert played["mean_return"] == pytest.approx(exact)
 
 
+@pytest.mark.slow
 def test_the_sampling_table_is_what_the_text_policy_samples(tiny_dir):
     """The sampling table's exact episode length is the mean length of the text env's sampled
     episodes; a hotter temperature flattens it and leaves the greedy table as it was."""

@@ -21,6 +21,7 @@ def one_update(env_id, **settings):
     return config, metrics
 
 
+@pytest.mark.slow
 def test_ppo_updates_on_a_reasoning_gym_task():
     pytest.importorskip("reasoning_gym")
     config, metrics = one_update("textgym/rg-basic_arithmetic-v0", num_steps=3)
@@ -40,6 +41,7 @@ def test_ppo_updates_on_ragens_worlds(env_id):
     assert config.decoding == "choices" and metrics["env/invalid_rate"] == 0.0
 
 
+@pytest.mark.slow
 def test_ppo_trains_through_an_openenv_server():
     """Served over OpenEnv and consumed as textgym/OpenEnv-v0: choice decoding, two updates."""
     pytest.importorskip("openenv")

@@ -234,6 +234,7 @@ def test_learn_without_a_config_uses_the_env_defaults_and_with_one_keeps_it(tmp_
     assert kept.config is given
 
 
+@pytest.mark.slow
 def test_each_learn_call_uses_the_settings_of_its_env_and_says_so(caplog):
     """Without a config of its own, a second learn() on another env gets that env's settings
     (not the first env's), and the settings used are logged."""

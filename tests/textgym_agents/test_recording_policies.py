@@ -10,6 +10,7 @@ from textgym_agents.testing import tiny_model
 
 
 @pytest.mark.parametrize("decoding", ["constrained", "choices", "auto"])
+@pytest.mark.slow
 def test_a_ppo_policy_records_valid_replies_in_every_decoding_mode(decoding):
     config = PPOConfig(decoding=decoding, max_new_tokens=32, seed=0)
     policy = PPOPolicy(*tiny_model(), config=config)

@@ -40,6 +40,7 @@ def envs():
     return gym.make_vec("textgym/Blackjack-v1", num_envs=4)
 
 
+@pytest.mark.slow
 def test_learn_writes_the_run_directory(tmp_path):
     policy = make_policy(tmp_path)
     run = tmp_path / "run"
@@ -72,6 +73,7 @@ def test_learn_writes_the_run_directory(tmp_path):
     assert torch.equal(a, b)
 
 
+@pytest.mark.slow
 def test_checkpoint_is_loadable_as_a_policy(tmp_path):
     policy = make_policy(tmp_path)
     policy.learn(envs(), total_episodes=4, output_dir=tmp_path / "run")
@@ -92,6 +94,7 @@ RESUMED_RUNS = {
 
 
 @pytest.mark.parametrize("name", list(RESUMED_RUNS))
+@pytest.mark.slow
 def test_resume_continues_the_same_run(tmp_path, name):
     settings, make_envs = RESUMED_RUNS[name]
     straight = make_policy(tmp_path, **settings)
@@ -124,6 +127,7 @@ def test_resume_continues_the_same_run(tmp_path, name):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
+@pytest.mark.slow
 def test_resuming_a_finished_run_returns_its_last_metrics(tmp_path):
     run = tmp_path / "run"
     finished = make_policy(tmp_path).learn(envs(), total_episodes=6, output_dir=run)
@@ -142,6 +146,7 @@ def test_a_fresh_start_refuses_a_directory_holding_another_runs_checkpoints(tmp_
     assert sorted((run / "checkpoints").iterdir()) == saved  # nothing of the first run lost
 
 
+@pytest.mark.slow
 def test_a_fresh_start_drops_the_rows_of_a_start_that_saved_no_checkpoint(tmp_path):
     earlier, run = tmp_path / "earlier", tmp_path / "run"
     make_policy(tmp_path).learn(envs(), total_episodes=4, output_dir=earlier)
@@ -272,6 +277,7 @@ GIGPO = {"advantage_estimator": "gigpo", "group_size": 3}
         "gigpo-free",
     ],
 )
+@pytest.mark.slow
 def test_resume_reproduces_the_uninterrupted_run_exactly(
     tmp_path, env_id, env_kwargs, decoding, estimator
 ):
@@ -327,6 +333,7 @@ def test_resume_reproduces_the_uninterrupted_run_exactly(
 TIMING = ("time", "throughput/")
 
 
+@pytest.mark.slow
 def test_anneal_lr_decays_both_learning_rates_linearly_over_the_run(tmp_path):
     policy = make_policy(tmp_path, anneal_lr=True, learning_rate=1e-3, value_learning_rate=2e-3)
     trainer = PPOTrainer(policy, envs(), output_dir=tmp_path / "run")
@@ -346,6 +353,7 @@ def test_anneal_lr_decays_both_learning_rates_linearly_over_the_run(tmp_path):
     assert expected[0] == 1e-3 and expected[-1] < expected[0]  # it decays
 
 
+@pytest.mark.slow
 def test_without_anneal_lr_the_learning_rate_stays(tmp_path):
     policy = make_policy(tmp_path, learning_rate=1e-3)
     trainer = PPOTrainer(policy, envs(), output_dir=None)

@@ -196,6 +196,7 @@ def pool_weights(pool):
     return {s.name: state(pool.adapter_parameters(s.adapter)) for s in pool.snapshots}
 
 
+@pytest.mark.slow
 def test_a_resumed_run_plays_the_same_pool_as_the_one_it_stopped_with(
     tiny, tokenizer, tmp_path, caplog
 ):

@@ -62,6 +62,7 @@ def warm(demos, tokenizer):
     return policy, before, metrics
 
 
+@pytest.mark.slow
 def test_sft_lowers_the_loss_of_the_recorded_replies(warm, demos):
     policy, before, metrics = warm
     assert metrics["sft/rows"] == 16 and metrics["sft/steps"] == 4
@@ -71,6 +72,7 @@ def test_sft_lowers_the_loss_of_the_recorded_replies(warm, demos):
     assert reply_nll(policy, demos) < before["nll"] - 0.5
 
 
+@pytest.mark.slow
 def test_sft_changes_only_the_adapter_and_restores_the_model(warm):
     policy, before, _ = warm
     after = base_and_head_state(policy)
@@ -205,6 +207,7 @@ def _choices(env):
     return env.get_wrapper_attr("reply_choices")()
 
 
+@pytest.mark.slow
 def test_sft_with_gradient_checkpointing_trains_the_same(demos, tokenizer):
     rows = demos.select(range(8))
     results = []
@@ -227,6 +230,7 @@ def test_sft_with_gradient_checkpointing_trains_the_same(demos, tokenizer):
 
 
 @pytest.mark.parametrize(("mixed", "expected"), [(True, torch.bfloat16), (False, torch.float32)])
+@pytest.mark.slow
 def test_sft_on_a_bf16_base_uses_ppos_mixed_precision(demos, tokenizer, mixed, expected):
     model, _ = tiny_model(tokenizer, dtype=torch.bfloat16)
     policy = PPOPolicy(model, tokenizer, config=PPOConfig(mixed_precision=mixed))

@@ -170,6 +170,7 @@ def test_tool_calls_parsed_by_trl_reach_the_env(tool_tokenizer):
     assert game.get_reward() == -1.0 - 1.0  # the invalid call's penalty, then unfinished
 
 
+@pytest.mark.slow
 def test_grpo_trainer_trains_on_rewards_from_the_env(tool_tokenizer, tmp_path, monkeypatch):
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
     episodes = []  # (seed, replies, reward) of every rollout, in the order TRL scores them

@@ -78,6 +78,7 @@ def test_record_keeps_the_best_episodes_of_a_random_expert(tmp_path, capsys):
     assert info["env_args"] == {"is_slippery": False} and info["top_fraction"] == 0.1
 
 
+@pytest.mark.slow
 def test_sft_fine_tunes_a_tiny_model_and_saves_a_playable_policy(work, tiny_dir, capsys):
     cwd, _ = work
     args = ["sft", "demos", "--model", tiny_dir, "--output", "sft", "--eval-episodes", "2"]
@@ -134,6 +135,7 @@ def test_bad_input_gives_a_clear_error(work, tmp_path, capsys, monkeypatch):
             assert err.count("\n") == 1, err
 
 
+@pytest.mark.slow
 def test_train_warm_starts_from_a_dataset(work, tiny_dir):
     cwd, _ = work
     args = ["train", "--model", tiny_dir, "--sft-data", "demos", "--sft-epochs", "1"]

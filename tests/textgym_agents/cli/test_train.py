@@ -42,6 +42,7 @@ def run_dir(tiny_dir, tmp_path_factory):
     return cwd / "run", result.stdout
 
 
+@pytest.mark.slow
 def test_train_writes_the_run_and_summarises(run_dir):
     run, stdout = run_dir
     assert stdout.splitlines()[0] == "Run directory: run"  # where the run goes, first
@@ -64,6 +65,7 @@ def test_train_writes_the_run_and_summarises(run_dir):
     assert all(p["se"] >= 0 and 0 <= p["success_rate"] <= 1 for p in points)
 
 
+@pytest.mark.slow
 def test_eval_plot_and_play_a_run(run_dir, tiny_dir, capsys, tmp_path):
     run, _ = run_dir
     args = ["eval", str(run), str(run / "final"), tiny_dir, "--episodes", "2", "--num-envs", "2"]
@@ -122,6 +124,7 @@ def test_bad_input_gives_a_clear_error(run_dir, tiny_dir, capsys, tmp_path):
     assert "unknown setting 'num_epoch'; did you mean 'num_epochs'?" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_train_with_a_group_estimator(tiny_dir, tmp_path, capsys):
     """`--advantage-estimator gigpo --group-size 2`: critic-free metrics; a bad G is named."""
     args = ["train", "--model", tiny_dir, "--eval-episodes", "0", "--no-progress"]
@@ -190,6 +193,7 @@ def test_sigterm_saves_a_checkpoint_and_exits_143(tiny_dir, tmp_path):
     assert latest_checkpoint(tmp_path / "run") is not None
 
 
+@pytest.mark.slow
 def test_ctrl_c_saves_a_checkpoint_and_resume_continues(tiny_dir, tmp_path, capsys):
     code, stderr = stop_after_first_update(tiny_dir, tmp_path, signal.SIGINT)
     assert code == 130, stderr

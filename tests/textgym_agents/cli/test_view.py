@@ -26,6 +26,7 @@ def run(tiny_dir, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_training_records_sampled_episodes_with_their_advantages(run):
     records = read_episode_samples(run)
     steps = [r["step"] for r in read_metrics(run)]
@@ -39,6 +40,7 @@ def test_training_records_sampled_episodes_with_their_advantages(run):
     assert [m["role"] for m in first["messages"]] == ["system", "user"]
 
 
+@pytest.mark.slow
 def test_view_writes_one_self_contained_page(run, tmp_path, capsys):
     copy = shutil.copytree(run, tmp_path / "run")
     records = read_episode_samples(copy)

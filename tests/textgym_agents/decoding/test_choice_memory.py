@@ -135,6 +135,7 @@ def test_checkpointed_calls_compute_what_unchecked_ones_do():
     assert all(g.isfinite().all() for g in lora_grads(policy, checkpointed))
 
 
+@pytest.mark.slow
 def test_bf16_checkpointed_pieces_give_the_gradient_of_kept_ones():
     """Mixed precision: the backward pass recomputes a piece under the forward's autocast."""
     policy = choice_policy(torch.bfloat16, choice_batch_size=8)
@@ -177,6 +178,7 @@ def test_small_choice_sets_are_not_checkpointed(monkeypatch):
     ],
     ids=["fp32", "fp32-gradient-checkpointing", "bf16-mixed-precision"],
 )
+@pytest.mark.slow
 def test_first_ratio_is_exactly_one_with_many_choices(
     reuse, dtype, gradient_checkpointing, policy_loss_calls
 ):

@@ -267,6 +267,7 @@ def test_evaluate_with_choices_has_no_invalid_replies():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # bf16: mixed precision
 @pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.slow
 def test_policy_learns_to_prefer_paying_choice(seed, dtype):
     """With choices, a tiny model learns that "yes" pays: > 90% of greedy replies."""
     torch.manual_seed(seed)  # choices are sampled with torch's generator

@@ -162,6 +162,7 @@ def _replies_are_valid(envs, texts):
 
 
 @pytest.mark.parametrize("env_id", ["textgym/Blackjack-v1", "textgym/Pendulum-v1", "dict"])
+@pytest.mark.slow
 def test_every_sampled_reply_is_valid(env_id):
     """Discrete (Blackjack), Box (Pendulum) and Dict action schemas, through a sync vector env."""
     torch.manual_seed(0)
@@ -181,6 +182,7 @@ def test_every_sampled_reply_is_valid(env_id):
 
 
 @pytest.mark.parametrize("env_id, budget", [("textgym/Pendulum-v1", 12), ("dict", 30)])
+@pytest.mark.slow
 def test_replies_finish_within_the_token_budget(env_id, budget):
     """Near max_new_tokens a reply follows a short finish instead of being cut off."""
     torch.manual_seed(0)

@@ -25,6 +25,7 @@ def policy_for(tiny_dir, decoding, **overrides):
 
 
 @pytest.mark.parametrize("decoding", ["choices", "constrained"])
+@pytest.mark.slow
 def test_only_legal_moves_are_ever_sampled(tiny_dir, decoding):
     envs = tictactoe(max_invalid=1)
     trainer = PPOTrainer(policy_for(tiny_dir, decoding, num_steps=8), envs)

@@ -90,6 +90,7 @@ def test_bf16_model_keeps_trainable_weights_in_fp32():
     ("decoding", "reuse", "atol"),
     [("free", True, 0.0), ("choices", False, 0.0), ("choices", True, 0.05)],
 )
+@pytest.mark.slow
 def test_bf16_first_ratio_is_one(decoding, reuse, atol, num_kv_heads, policy_loss_calls):
     """Old and new log-probs in bf16: exact from one layout; reused rollout scores within 0.05."""
     calls = policy_loss_calls

@@ -108,6 +108,7 @@ def assert_resumable(tiny_dir, run, envs):
 
 @pytest.mark.filterwarnings("ignore::UserWarning")  # AsyncVectorEnv logs the worker's error
 @pytest.mark.parametrize("vectorization", ["single", "sync", "async"])
+@pytest.mark.slow
 def test_env_fault_stops_training_naming_the_env_after_a_checkpoint(
     tiny_dir, tmp_path, vectorization
 ):
@@ -209,6 +210,7 @@ def test_max_nonfinite_updates_is_validated(tiny_dir):
 
 
 @pytest.mark.parametrize("moment", ["rollout", "scoring"])
+@pytest.mark.slow
 def test_sigterm_before_the_weights_change_checkpoints_and_resumes_exactly(
     tiny_dir, tmp_path, moment
 ):

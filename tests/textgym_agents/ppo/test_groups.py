@@ -127,6 +127,7 @@ def test_unknown_estimator_is_rejected():
 
 
 @pytest.mark.parametrize("estimator", ["grpo", "rloo", "gigpo", "reinforce"])
+@pytest.mark.slow
 def test_critic_free_never_runs_or_trains_the_value_head(estimator):
     group = 1 if estimator == "reinforce" else 2
     policy = make_policy(decoding="choices", advantage_estimator=estimator, group_size=group)
@@ -163,6 +164,7 @@ def test_gae_still_runs_the_value_head():
     ],
     ids=["free", "constrained", "choices-kl-checkpointing", "gae-groups"],
 )
+@pytest.mark.slow
 def test_groups_work_with_every_decoding_mode(settings):
     # Every turn trained: with zero-advantage turns left out, a round whose groups all tie
     # (the KL is exactly 0 at the first update) would take no optimizer step at all.
@@ -176,6 +178,7 @@ def test_groups_work_with_every_decoding_mode(settings):
 
 
 @pytest.mark.parametrize("estimator", ["grpo", "rloo", "gigpo", "reinforce"])
+@pytest.mark.slow
 def test_tiny_model_learns_the_paying_choice(estimator):
     """Each critic-free estimator makes a tiny model prefer the paying reply (> 90% greedy)."""
     group_size = 1 if estimator == "reinforce" else 4

@@ -101,6 +101,7 @@ def run(tiny_dir, tmp_path):
     ],
     ids=["truncated", "bit-rot", "deleted-file", "no-manifest"],
 )
+@pytest.mark.slow
 def test_resume_skips_a_damaged_newest_checkpoint_for_the_newest_intact(
     tiny_dir, run, caplog, damage, reason
 ):
@@ -126,6 +127,7 @@ def test_no_intact_checkpoint_is_one_clear_error_naming_the_directory(tiny_dir, 
     assert "--resume: No intact checkpoint in" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_an_explicitly_named_damaged_checkpoint_is_refused_not_replaced(tiny_dir, run):
     newest = latest_checkpoint(run)
     truncate(newest / "value_head.safetensors")
@@ -134,6 +136,7 @@ def test_an_explicitly_named_damaged_checkpoint_is_refused_not_replaced(tiny_dir
 
 
 @pytest.mark.parametrize("where", ["final", "checkpoint"])
+@pytest.mark.slow
 def test_loading_a_damaged_policy_names_the_file(run, where):
     path = run / "final" if where == "final" else latest_checkpoint(run)
     PPOPolicy.load(path)  # intact: loads
@@ -248,6 +251,7 @@ def disk_full_at_step(monkeypatch):
     return state
 
 
+@pytest.mark.slow
 def test_a_full_disk_keeps_the_previous_checkpoint_and_stops_cleanly(
     tiny_dir, tmp_path, caplog, disk_full_at_step
 ):

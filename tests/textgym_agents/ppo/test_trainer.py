@@ -64,6 +64,7 @@ def test_update_changes_lora_and_value_head_only(policy):
 
 
 @pytest.mark.parametrize("decoding", ["free", "choices"])
+@pytest.mark.slow
 def test_gradient_checkpointing_gives_the_same_update(decoding):
     from textgym_agents.model.gradient_checkpointing import gradient_checkpointing_enabled
 
@@ -84,6 +85,7 @@ def test_gradient_checkpointing_gives_the_same_update(decoding):
         torch.testing.assert_close(a, b)
 
 
+@pytest.mark.slow
 def test_kl_grows_after_updates():
     policy = PPOPolicy(*tiny_model(), config=small_config(kl_coef=0.02))
     trainer = PPOTrainer(policy, gym.make_vec("textgym/Blackjack-v1", num_envs=4))
