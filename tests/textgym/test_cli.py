@@ -100,6 +100,7 @@ def test_play_multi_line_reply(capsys, monkeypatch):
     assert "Observation: 5" in out and "invalid reply" not in out
 
 
+@pytest.mark.slow
 def test_train_eval_plot_need_the_agents_extra(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
     commands = [["train"], ["eval", "embedded"], ["plot", str(tmp_path)]]

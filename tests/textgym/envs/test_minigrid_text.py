@@ -326,6 +326,7 @@ def test_missing_extra_names_the_install_line(monkeypatch):
     assert caught.value.extra == "minigrid"
 
 
+@pytest.mark.slow
 def test_envs_lists_the_ids_without_the_extra():
     script = (
         "import sys\n"

@@ -4,6 +4,8 @@ import subprocess
 import sys
 from importlib.metadata import entry_points
 
+import pytest
+
 from textgym.plugins import COMMANDS_GROUP, POLICIES_GROUP, Command, load_command
 
 # `textgym ARGS` in a fresh interpreter; fails if torch or transformers got imported.
@@ -61,6 +63,7 @@ def test_help_lists_every_command_without_importing_torch():
     assert "--learning-rate LEARNING_RATE" in result.stdout
 
 
+@pytest.mark.slow
 def test_without_torch_the_commands_give_the_install_hint(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
     out = str(tmp_path / "out")

@@ -240,6 +240,7 @@ def default_sigint():
     signal.signal(signal.SIGINT, previous)
 
 
+@pytest.mark.slow
 def test_ctrl_c_between_updates_saves_the_last_one(tiny_dir, tmp_path, default_sigint):
     trainer = make_trainer(tiny_dir, tmp_path)
     with pytest.raises(KeyboardInterrupt):
@@ -249,6 +250,7 @@ def test_ctrl_c_between_updates_saves_the_last_one(tiny_dir, tmp_path, default_s
     assert len(read_metrics(tmp_path)) == 2
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_an_update_finishes_it_then_saves(tiny_dir, tmp_path, default_sigint):
     trainer = make_trainer(tiny_dir, tmp_path)
     weights = trainer.optimizer.param_groups[0]["params"]  # the LoRA weights, live

@@ -332,6 +332,7 @@ def _run_child(tmp_path: Path, mode: str, size: int = 16) -> subprocess.Popen:
 
 
 @posix_only
+@pytest.mark.slow
 def test_sigkill_inside_extra_leaves_previous_checkpoint(tmp_path):
     child = _run_child(tmp_path, "in_extra")
     assert child.wait(timeout=60) == -signal.SIGKILL
@@ -343,6 +344,7 @@ def test_sigkill_inside_extra_leaves_previous_checkpoint(tmp_path):
 
 
 @posix_only
+@pytest.mark.slow
 def test_sigkill_between_renames_falls_back_to_previous_step(tmp_path):
     child = _run_child(tmp_path, "between_renames")
     assert child.wait(timeout=60) == -signal.SIGKILL

@@ -30,6 +30,7 @@ def start_holder(tmp_path, run):
     return child
 
 
+@pytest.mark.slow
 def test_a_second_live_process_is_refused_naming_the_owner(tmp_path):
     run = tmp_path / "run"
     child = start_holder(tmp_path, run)
@@ -44,6 +45,7 @@ def test_a_second_live_process_is_refused_naming_the_owner(tmp_path):
     assert not (run / LOCK_FILE).exists()
 
 
+@pytest.mark.slow
 def test_a_stale_lock_file_left_by_a_killed_process_is_taken_over(tmp_path, caplog):
     run = tmp_path / "run"
     child = start_holder(tmp_path, run)
