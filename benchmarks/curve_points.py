@@ -70,9 +70,18 @@ def cell_config(envs: Any, seed: int, estimator: str, group_size: int, settings:
     """``textgym train``'s per-env defaults with the cell's seed, estimator and ``settings``.
 
     ``group_size`` applies to the group estimators (not ``"gae"``); ``settings`` is the JSON of
-    further :class:`~textgym_agents.PPOConfig` fields, which win.
+    further :class:`~textgym_agents.PPOConfig` fields, which win. A cell checkpoints after every
+    update (``save_every`` 1): its updates take minutes, a checkpoint a second, and a session
+    can end at any time.
+
+    Example:
+        >>> import gymnasium as gym, textgym
+        >>> envs = gym.make_vec("textgym/Blackjack-v1", num_envs=4)
+        >>> config = cell_config(envs, 1, "gigpo", 4, '{"learning_rate": 1e-4}')
+        >>> config.save_every, config.group_size, config.learning_rate
+        (1, 4, 0.0001)
     """
-    given: dict[str, Any] = {"seed": seed, "advantage_estimator": estimator}
+    given: dict[str, Any] = {"seed": seed, "advantage_estimator": estimator, "save_every": 1}
     if estimator != "gae":
         given["group_size"] = group_size
     given.update(json.loads(settings))

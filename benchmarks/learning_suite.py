@@ -12,9 +12,9 @@ env with every estimator's curve.
     python benchmarks/learning_suite.py --envs blackjack --estimators gae,gigpo --seeds 0,1 \\
         --episodes 2000 --out runs/suite
 
-Every cell keeps its run directory (checkpoints) and its curve under ``--out``: run the same
-command again after an interruption and finished cells are read back, an unfinished one
-resumes from its last checkpoint. Pin it to one core for comparable timings
+Every cell keeps its run directory (a checkpoint after every update) and its curve under
+``--out``: run the same command again after an interruption and finished cells are read back,
+an unfinished one resumes from its last checkpoint. Pin it to one core for comparable timings
 (``taskset -c 1 env OMP_NUM_THREADS=1 ...``). Results: docs/results.md.
 """
 
