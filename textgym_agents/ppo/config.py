@@ -234,8 +234,7 @@ class PPOConfig:
         "Steer the entropy bonus toward this mean policy entropy (nats per scored token; with "
         "choices, of the distribution over the valid replies, at most ln of their number): "
         "after each update ent_coef is multiplied by 2 ** clip((target - entropy) / target, "
-        "-1, 1), within [1e-4, 10], so a policy collapsing onto one reply is pushed back. "
-        "Needs ent_coef > 0. None: ent_coef stays fixed.",
+        "-1, 1), within [1e-4, 10]. Needs ent_coef > 0. None: ent_coef stays fixed.",
     )
     max_grad_norm: float = _help(1.0, "Gradient clipping norm.")
     whiten_advantages: bool = _help(
