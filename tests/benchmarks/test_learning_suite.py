@@ -5,6 +5,7 @@ import json
 import pytest
 
 from tests.benchmarks.scripts import run_script
+from textgym_agents.tracking.metrics_log import read_metrics
 
 
 def run_suite(tiny_dir, out, *extra, envs="blackjack,frozenlake", estimators="gae,rloo"):
@@ -61,6 +62,19 @@ def test_every_cell_trains_is_scored_and_plotted_and_is_read_back(tiny_dir, tmp_
     again = run_suite(tiny_dir, out)
     table = [line for line in stdout.splitlines() if line.startswith("| ")]
     assert [line for line in again.splitlines() if line.startswith("| ")] == table
+    # The scoreboard reads the same cells back: a row each, their numbers, a summary per group.
+    board = run_script("scoreboard.py", out, "--solved", "-1").stdout
+    for env_name in ("blackjack", "frozenlake"):
+        for cell in cells:
+            estimator, seed = cell.split("-seed")
+            result = json.loads((out / env_name / cell / "result.json").read_text())
+            metrics = read_metrics(out / env_name / cell / "run")
+            first = json.loads((out / env_name / cell / "curve.jsonl").read_text().splitlines()[0])
+            row = f"| `{{}}` | {estimator} | {seed} | {result['episodes']} | "
+            row += f"{result['before']:.4f} → {result['after']:.4f} | {first['episodes']} | "
+            assert row in board, (row, board)
+            assert f"| {metrics[-1]['env/turns']:,} | " in board
+    assert board.count("| `{}` | rloo | 2 | ") == 2 and "| 2 of 2 |" in board
 
 
 @pytest.mark.slow
