@@ -261,15 +261,20 @@ class TextEnvWrapper(gym.Wrapper[Messages, str, ObsType, ActType], gym.utils.Rec
             info["illegal_action"] = illegal
         return self._chat.messages(), reward, terminated, truncated, self._with_mask(info)
 
-    def parse_reply(self, reply: str) -> tuple[Any, str | None]:
+    def parse_reply(
+        self, reply: str, *, masking: ActionMasking | None = None
+    ) -> tuple[Any, str | None]:
         """Return ``(env_action, None)`` for a valid reply, else ``(None, error message)``.
 
         Never raises for bad reply text: parser failures of any kind become the error message.
-        With ``action_mask=True``, an action that is illegal in the current state is an error.
+        With ``action_mask=True``, an action that is illegal in the current state is an error;
+        ``masking`` checks against other legal actions instead (another seat's, for a PettingZoo
+        text opponent).
         """
         action, error = self._parse_action(reply)
-        if error is None and self.masking is not None:
-            error = self.masking.error(action)
+        masking = self.masking if masking is None else masking
+        if error is None and masking is not None:
+            error = masking.error(action)
         return (None, error) if error is not None else (action, None)
 
     def _parse_action(self, reply: str) -> tuple[Any, str | None]:

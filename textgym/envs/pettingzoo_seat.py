@@ -165,15 +165,9 @@ class TextOpponent(Opponent):
         reply = self.policy.act_batch([messages], greedy=self.greedy, **kwargs)[0]
         chat.answer(reply[: text_env.max_reply_chars])
         self._note = ""
-        try:  # the text env's parse_reply would check the agent's mask, not this seat's
-            action = text_env.parser.parse(reply)
-        except Exception as e:  # noqa: BLE001 (any failure: an invalid reply)
-            error = str(e)
-        else:
-            if not text_env.env.action_space.contains(action):
-                error = f"{action!r} is not in the action space"
-            elif (error := masking.error(action)) is None:
-                return action
+        action, error = text_env.parse_reply(reply, masking=masking)  # this seat's legal moves
+        if error is None:
+            return action
         self.invalid_replies += 1
         self._note = invalid_reply_note(error, "A random legal move was played.") + "\n\n"
         return self._fallback.act(observation, info)
