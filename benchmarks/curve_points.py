@@ -9,7 +9,7 @@ that resumes from its checkpoint continues the same curve from its last point.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -100,10 +100,16 @@ def train_cell(
     """
     resume = latest_checkpoint(run_dir) if run_dir.exists() else None
     metrics = trainer.train(episodes, resume_from=resume, callback=curve)
-    seconds = sum(
-        value or 0.0
-        for row in read_metrics(run_dir)
-        for key, value in row.items()
-        if key.startswith("time/")
+    return metrics, training_seconds(read_metrics(run_dir)), int(metrics["env/episodes"])
+
+
+def training_seconds(rows: Iterable[Mapping[str, Any]]) -> float:
+    """Seconds of training in a run's ``metrics.jsonl`` rows: their ``time/*`` columns summed.
+
+    Example:
+        >>> training_seconds([{"time/rollout_s": 2.0, "time/update_s": 3.0, "loss": 9.0}])
+        5.0
+    """
+    return sum(
+        value or 0.0 for row in rows for key, value in row.items() if key.startswith("time/")
     )
-    return metrics, seconds, int(metrics["env/episodes"])

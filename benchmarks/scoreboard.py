@@ -23,6 +23,11 @@ from typing import Any
 
 from textgym_agents.tracking.metrics_log import read_metrics
 
+try:
+    from curve_points import training_seconds
+except ImportError:  # imported as benchmarks.scoreboard
+    from benchmarks.curve_points import training_seconds
+
 
 def _json_lines(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
@@ -36,12 +41,11 @@ def cell_row(cell: Path, solved: float | None = None) -> dict[str, Any]:
     curve = _json_lines(cell / "curve.jsonl")
     rows = read_metrics(cell / "run") if (cell / "run" / "metrics.jsonl").exists() else []
     estimator, seed = cell.name.rsplit("-seed", 1)
-    successes, previous, seconds = 0, 0, 0.0
+    successes, previous = 0, 0
     for row in rows:
         episodes = row.get("env/episodes", previous)
         successes += round((row.get("env/success_rate") or 0.0) * (episodes - previous))
         previous = episodes
-        seconds += sum(v or 0.0 for k, v in row.items() if k.startswith("time/"))
     after, trained = start["return"], 0
     if curve:
         after, trained = curve[-1]["return"], curve[-1]["episodes"]
@@ -69,7 +73,7 @@ def cell_row(cell: Path, solved: float | None = None) -> dict[str, Any]:
         "level": level,
         "successes": successes,
         "turns": rows[-1].get("env/turns") if rows else 0,
-        "training_s": seconds,
+        "training_s": training_seconds(rows),
     }
 
 

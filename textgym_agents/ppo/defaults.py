@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -213,8 +214,6 @@ def recipe_of(
     grouped = settings.get("advantage_estimator", "gae") != "gae"
     group_size = settings.get("group_size", 1)
     if recipe and num_envs and grouped and num_envs % group_size:
-        import warnings
-
         warnings.warn(
             f"{spec}'s measured settings ({recipe}) are left out: their groups of {group_size} "
             f"need num_envs to be a multiple of {group_size}, not {num_envs}",
