@@ -25,7 +25,7 @@ from textgym_agents.decoding.scoring import PolicyScoring, Scores
 from textgym_agents.model.adapters import ValueHead, attach_lora, hidden_size_of
 from textgym_agents.model.attention import use_gqa_attention
 from textgym_agents.model.loading import load_model, resolve_precision
-from textgym_agents.model.precision import in_compute_dtype
+from textgym_agents.model.precision import in_decode_dtype, pass_dtype_of
 from textgym_agents.ppo.config import PPOConfig
 from textgym_agents.runfiles.checkpoint import default_run_dir
 from textgym_agents.runfiles.policy_files import load_policy_parts, save_policy, save_policy_files
@@ -90,6 +90,8 @@ class PPOPolicy(PolicyScoring):
         # model was loaded from (transformers keeps it in config._name_or_path).
         name = getattr(getattr(self.model, "config", None), "_name_or_path", None) or None
         self.base_info = dict(base_info or {"name_or_path": name})
+        # The forward passes' dtype where it is not the weights' ("bfloat16-passes").
+        self.pass_dtype: torch.dtype | None = pass_dtype_of(self.base_info.get("dtype"))
         # The env it was trained on (textgym.env_records.env_record), set by training and
         # kept by save(): evaluation rebuilds it and warns when another env prompts otherwise.
         self.trained_env: dict[str, Any] | None = None
@@ -124,7 +126,9 @@ class PPOPolicy(PolicyScoring):
                 ``HF_HUB_OFFLINE=1`` to forbid downloads).
             gguf_file: GGUF file inside ``name_or_path``.
             dtype: Compute dtype of the frozen base model; None or ``"auto"`` picks bf16
-                where this machine runs it fast, else float32 (recorded in ``base_info``).
+                where this machine runs it fast, else float32, per phase
+                (``"bfloat16-passes"``: fp32 weights and generation, bf16 forward passes);
+                recorded in ``base_info``.
             device: Device (default CUDA when present, else CPU).
             lora: LoRA settings (a ``peft.LoraConfig`` or a dict of overrides).
             config: Generation and training settings.
@@ -160,7 +164,7 @@ class PPOPolicy(PolicyScoring):
         return self._prefix_cache[1]
 
     @torch.no_grad()
-    @in_compute_dtype
+    @in_decode_dtype
     def generate(
         self,
         batch: Sequence[Messages],

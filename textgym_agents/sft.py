@@ -216,9 +216,9 @@ def sft_warm_start(
         trainer.add_callback(log)
         # The forward and loss run with the numerics PPO uses (`PPOConfig.mixed_precision`):
         # on a bf16 base the LoRA products in bf16 too; nothing changes on a float32 model.
-        enabled = policy.config.mixed_precision
+        enabled, passes = policy.config.mixed_precision, policy.pass_dtype
         trainer.autocast_smart_context_manager = lambda *_, **__: mixed_precision(
-            model, enabled=enabled
+            model, enabled=enabled, dtype=passes
         )
         result = trainer.train()
     seconds = time.perf_counter() - start

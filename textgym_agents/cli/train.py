@@ -96,9 +96,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--dtype",
-        choices=["auto", "float32", "bfloat16"],
+        choices=["auto", "float32", "bfloat16", "bfloat16-passes"],
         help="compute dtype of the base model; auto: bf16 where this machine runs it fast "
-        "(measured once), else float32 (default: auto; on --resume, the run's own)",
+        "(measured once per phase: bfloat16-passes keeps fp32 weights for generation and "
+        "runs forward passes in bf16), else float32 (default: auto; on --resume, the run's own)",
     )
     parser.add_argument(
         "--model", help="model directory, .gguf file or cached HF id (default: embedded)"

@@ -95,16 +95,28 @@ def resolve_precision(
 
     None or ``"auto"`` picks per machine (:func:`~textgym_agents.model.precision.choose_precision`):
     bfloat16 on CUDA devices that support it and on CPUs whose measured bf16 matmuls are
-    clearly faster than fp32, float32 anywhere else. A named dtype is taken as given.
+    clearly faster than fp32 (its forward passes only, ``"bfloat16-passes"``, where bf16
+    generation is the slower), float32 anywhere else. A named dtype is taken as given.
 
     Example:
         >>> resolve_precision("bf16", "cpu").reason
         'requested bfloat16'
+        >>> resolve_precision("bfloat16-passes", "cpu").dtype
+        torch.float32
     """
-    if dtype is None or dtype == "auto":
-        from textgym_agents.model.precision import PRECISION_FILE, choose_precision
+    from textgym_agents.model.precision import (
+        PRECISION_FILE,
+        SPLIT_PRECISION,
+        Precision,
+        choose_precision,
+        pass_dtype_of,
+    )
 
+    if dtype is None or dtype == "auto":
         return choose_precision(resolve_device(device), cache_file=cache_dir() / PRECISION_FILE)
+    passes = pass_dtype_of(dtype)
+    if passes is not None:
+        return Precision(torch.float32, f"requested {SPLIT_PRECISION}", pass_dtype=passes)
     if isinstance(dtype, torch.dtype):
         if dtype not in _DTYPES.values():
             raise ValueError(f"Expected dtype float32, bfloat16 or float16, got {dtype}")
@@ -112,17 +124,15 @@ def resolve_precision(
     elif isinstance(dtype, str) and dtype.lower() in _DTYPES:
         resolved = _DTYPES[dtype.lower()]
     else:
-        names = ", ".join(repr(name) for name in ["auto", *_DTYPES])
+        names = ", ".join(repr(name) for name in ["auto", *_DTYPES, SPLIT_PRECISION])
         raise ValueError(f"Expected dtype to be a torch.dtype or one of {names}; got {dtype!r}")
-    from textgym_agents.model.precision import Precision
-
     return Precision(resolved, f"requested {str(resolved).removeprefix('torch.')}")
 
 
 def resolve_dtype(
     dtype: str | torch.dtype | None = None, device: str | torch.device | None = None
 ) -> torch.dtype:
-    """Turn a dtype spec into a `torch.dtype` (see :func:`resolve_precision`).
+    """Turn a dtype spec into the `torch.dtype` of the weights (see :func:`resolve_precision`).
 
     Example:
         >>> resolve_dtype("bf16", "cpu"), resolve_dtype("fp32", "cpu")

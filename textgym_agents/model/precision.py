@@ -1,11 +1,20 @@
-"""The compute dtype of a machine, chosen by measurement: bf16 where it is fast, else fp32.
+"""The compute dtypes of a machine, chosen per phase by measurement: bf16 where it is fast.
 
 CPUs of one machine kind differ: AVX-512 BF16 / AMX parts run bf16 matmuls ~2.3x faster than
-fp32, others (AVX2 only) emulate bf16 and run it slower. So ``dtype="auto"`` times one matmul
-at the embedded model's shapes in both dtypes, once per machine (cached by
+fp32, others (AVX2 only) emulate bf16 and run it slower. And the two phases of the loop use
+the weights differently: a forward pass over many tokens (scoring, choices, training) is a
+matmul, token-by-token generation is a few rows times every weight, bound by how fast the
+weights stream, where a bf16 kernel can be slower than fp32 although it reads half the bytes.
+So ``dtype="auto"`` times both shapes in both dtypes, once per machine (cached by
 :func:`textgym_agents.model.loading.resolve_precision` in ``cache_dir()/precision.json``, keyed by
-CPU, torch version and thread count), and picks bf16 only where it is clearly faster. CUDA
-devices get bf16 where supported. Trainable weights (LoRA, value head), the optimizer,
+CPU, torch version and thread count):
+
+- bf16 matmuls not clearly faster: float32 everywhere;
+- bf16 faster for both: bf16 weights;
+- bf16 faster for passes only: ``"bfloat16-passes"``, float32 weights (and generation) with
+  every forward pass under ``torch.autocast(bfloat16)`` — no second copy of the model.
+
+CUDA devices get bf16 where supported. Trainable weights (LoRA, value head), the optimizer,
 log-softmax and losses stay fp32 whatever is chosen.
 """
 
@@ -18,7 +27,7 @@ import logging
 import platform
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -31,12 +40,17 @@ from textgym.atomic import atomic_write_json
 __all__ = [
     "BF16_MIN_SPEEDUP",
     "PRECISION_FILE",
+    "SPLIT_PRECISION",
+    "CpuSpeeds",
     "Precision",
     "choose_precision",
     "cpu_signature",
+    "decode_gweights",
     "in_compute_dtype",
+    "in_decode_dtype",
     "matmul_gflops",
     "mixed_precision",
+    "pass_dtype_of",
 ]
 
 logger = logging.getLogger(__name__)
@@ -46,33 +60,89 @@ BF16_MIN_SPEEDUP = 1.25
 """bf16 is chosen on a CPU when its measured matmul FLOP/s beat fp32's by at least this factor."""
 
 _SHAPE = (512, 576, 1536)  # (tokens, hidden, MLP width) of SmolLM2-135M's widest matmuls
+_DECODE_ROWS = 8  # a rollout's batch of conversations, one new token each
+_DECODE_MATRICES = 96  # of (576, 1536): 85 M weights, 340 MB in fp32, beyond any CPU cache
 PRECISION_FILE = "precision.json"
+SPLIT_PRECISION = "bfloat16-passes"
+"""The name of fp32 weights and generation with bf16 forward passes (also a ``dtype`` spec)."""
 
 
 @dataclass(frozen=True)
 class Precision:
-    """A compute dtype and why it was chosen.
+    """The compute dtypes of the frozen base model and why they were chosen.
 
     Attributes:
-        dtype: The dtype of the frozen base model's weights and matmuls.
+        dtype: The dtype of the base model's weights, in which text is generated.
         reason: One line saying why (printed by ``textgym train``, kept in the run directory).
         fp32_gflops: Measured fp32 matmul GFLOP/s (CPU auto choice only).
         bf16_gflops: Measured bf16 matmul GFLOP/s (CPU auto choice only).
+        pass_dtype: The dtype of forward passes (scoring, choices, training) where it is not
+            ``dtype``: bf16 under autocast over fp32 weights (``"bfloat16-passes"``).
+        decode_fp32: Measured fp32 generation-shaped speed, G weights/s (CPU auto only).
+        decode_bf16: The same in bf16.
+
+    Example:
+        >>> Precision(torch.float32, "requested", pass_dtype=torch.bfloat16).name
+        'bfloat16-passes'
     """
 
     dtype: torch.dtype
     reason: str
     fp32_gflops: float | None = None
     bf16_gflops: float | None = None
+    pass_dtype: torch.dtype | None = None
+    decode_fp32: float | None = None
+    decode_bf16: float | None = None
 
     @property
     def name(self) -> str:
-        """The dtype's name, e.g. ``"float32"``."""
-        return str(self.dtype).removeprefix("torch.")
+        """The dtype spec naming this precision: ``"float32"``, ``"bfloat16-passes"``..."""
+        if self.pass_dtype is not None and self.pass_dtype != self.dtype:
+            return SPLIT_PRECISION
+        return _dtype_name(self.dtype)
 
     def to_dict(self) -> dict[str, object]:
-        """JSON-ready record (the dtype as its name)."""
-        return {**asdict(self), "dtype": self.name}
+        """JSON-ready record (dtypes by name)."""
+        passes = None if self.pass_dtype is None else _dtype_name(self.pass_dtype)
+        return {**asdict(self), "dtype": self.name, "pass_dtype": passes}
+
+
+@dataclass(frozen=True)
+class CpuSpeeds:
+    """What ``dtype="auto"`` measures on a CPU (cached per machine signature).
+
+    Attributes:
+        fp32: fp32 matmul GFLOP/s at a forward pass's shape.
+        bf16: bf16 matmul GFLOP/s at the same shape.
+        decode_fp32: fp32 weights streamed per second (G) at a generation step's shape;
+            None where bf16 matmuls are not fast (then nothing runs in bf16: not measured).
+        decode_bf16: The same in bf16.
+    """
+
+    fp32: float
+    bf16: float
+    decode_fp32: float | None = None
+    decode_bf16: float | None = None
+
+    @property
+    def bf16_passes(self) -> bool:
+        """Whether bf16 matmuls beat fp32's by :data:`BF16_MIN_SPEEDUP` at a pass's shape."""
+        return self.bf16 >= BF16_MIN_SPEEDUP * self.fp32
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def pass_dtype_of(spec: object) -> torch.dtype | None:
+    """The forward passes' dtype a dtype spec names apart from its weights' (else None).
+
+    Example:
+        >>> pass_dtype_of("bfloat16-passes"), pass_dtype_of("float32")
+        (torch.bfloat16, None)
+    """
+    split = isinstance(spec, str) and spec.lower() in (SPLIT_PRECISION, "bf16-passes")
+    return torch.bfloat16 if split else None
 
 
 def matmul_gflops(dtype: torch.dtype, *, seconds: float = 0.15) -> float:
@@ -94,6 +164,32 @@ def matmul_gflops(dtype: torch.dtype, *, seconds: float = 0.15) -> float:
         elapsed = time.perf_counter() - start
         if elapsed >= seconds and repeats >= 3:
             return 2 * m * k * n * repeats / elapsed / 1e9
+
+
+def decode_gweights(dtype: torch.dtype, *, seconds: float = 0.3) -> float:
+    """G weights/s that ``(8, 576) @ (576, 1536)`` products stream in ``dtype`` on this CPU.
+
+    A generation step multiplies a few rows (one new token per conversation) by every weight of
+    the model, so it is bound by how fast the weights stream from memory: the products cycle
+    through 85 M weights, more than any CPU cache holds.
+
+    Example:
+        >>> decode_gweights(torch.float32, seconds=0.01) > 0
+        True
+    """
+    _, k, n = _SHAPE
+    weights = [torch.empty(k, n, dtype=dtype).uniform_(-1, 1) for _ in range(_DECODE_MATRICES)]
+    rows = torch.ones(_DECODE_ROWS, k, dtype=dtype)
+    for weight in weights:  # warm-up: first-call packing, pages touched
+        rows @ weight
+    sweeps, start = 0, time.perf_counter()
+    while True:
+        for weight in weights:
+            rows @ weight
+        sweeps += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds and sweeps >= 2:
+            return k * n * _DECODE_MATRICES * sweeps / elapsed / 1e9
 
 
 def cpu_signature() -> str:
@@ -119,30 +215,46 @@ def cpu_signature() -> str:
     )
 
 
-def _measure_cpu(path: Path | None) -> tuple[float, float]:
-    """(fp32, bf16) GFLOP/s, measured once per machine signature and cached in ``path``."""
+def _measure_cpu(path: Path | None) -> CpuSpeeds:
+    """Both shapes in both dtypes, measured once per machine signature and cached in ``path``.
+
+    An entry written before the generation shape was measured is measured again.
+    """
     key, cached = cpu_signature(), {}
+    names = [field.name for field in fields(CpuSpeeds)]
     if path is not None:
         with contextlib.suppress(OSError, ValueError):
             cached = json.loads(path.read_text())
         cached = cached if isinstance(cached, dict) else {}
         entry = cached.get(key)
-        if isinstance(entry, dict) and {"fp32", "bf16"} <= set(entry):
-            return float(entry["fp32"]), float(entry["bf16"])
-    fp32, bf16 = matmul_gflops(torch.float32), matmul_gflops(torch.bfloat16)
+        if isinstance(entry, dict) and set(names) <= set(entry):
+            with contextlib.suppress(TypeError, ValueError):
+                values = {n: None if entry[n] is None else float(entry[n]) for n in names}
+                return CpuSpeeds(**values)
+    speeds = CpuSpeeds(matmul_gflops(torch.float32), matmul_gflops(torch.bfloat16))
+    if speeds.bf16_passes:
+        speeds = replace(
+            speeds,
+            decode_fp32=decode_gweights(torch.float32),
+            decode_bf16=decode_gweights(torch.bfloat16),
+        )
     if path is not None:
-        cached[key] = {"fp32": round(fp32, 1), "bf16": round(bf16, 1)}
+        cached[key] = {n: v if v is None else round(v, 2) for n, v in asdict(speeds).items()}
         with contextlib.suppress(OSError):  # a read-only cache only costs a re-measurement
             path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_json(path, cached)
-    return fp32, bf16
+    return speeds
 
 
 def choose_precision(device: torch.device, *, cache_file: Path | None = None) -> Precision:
-    """The compute dtype for ``device``: bf16 where it runs fast, float32 elsewhere.
+    """The compute dtypes for ``device``: bf16 where it runs fast, float32 elsewhere.
 
-    ``cache_file`` (``models.resolve_precision`` passes ``cache_dir()/precision.json``) keeps
-    the CPU measurement per machine signature; None measures every time (~0.3 s).
+    On a CPU, bf16 forward passes need matmuls at least :data:`BF16_MIN_SPEEDUP` times faster
+    than fp32's; bf16 weights (and so bf16 generation) also need generation-shaped products
+    at least as fast as fp32's, else the weights stay fp32 and only the passes run in bf16
+    (:data:`SPLIT_PRECISION`). ``cache_file`` (``models.resolve_precision`` passes
+    ``cache_dir()/precision.json``) keeps the CPU measurements per machine signature; None
+    measures every time (~1 s).
 
     Example:
         >>> choice = choose_precision(torch.device("cpu"))
@@ -155,19 +267,36 @@ def choose_precision(device: torch.device, *, cache_file: Path | None = None) ->
         return Precision(torch.float32, "auto: CUDA device without bf16")
     if device.type != "cpu":
         return Precision(torch.float32, f"auto: float32 on {device.type}")
-    fp32, bf16 = _measure_cpu(cache_file)
-    speedup = bf16 / fp32
-    fast = speedup >= BF16_MIN_SPEEDUP
+    speeds = _measure_cpu(cache_file)
+    speedup = speeds.bf16 / speeds.fp32
     reason = (
-        f"auto: bf16 matmul {bf16:.0f} vs fp32 {fp32:.0f} GFLOP/s on this CPU "
+        f"auto: bf16 matmul {speeds.bf16:.0f} vs fp32 {speeds.fp32:.0f} GFLOP/s on this CPU "
         f"({speedup:.2f}x; bf16 needs >= {BF16_MIN_SPEEDUP}x)"
     )
-    return Precision(torch.bfloat16 if fast else torch.float32, reason, fp32, bf16)
+    measured = {
+        "fp32_gflops": speeds.fp32,
+        "bf16_gflops": speeds.bf16,
+        "decode_fp32": speeds.decode_fp32,
+        "decode_bf16": speeds.decode_bf16,
+    }
+    if not speeds.bf16_passes or speeds.decode_fp32 is None or speeds.decode_bf16 is None:
+        return Precision(torch.float32, reason, **measured)
+    decode = speeds.decode_bf16 / speeds.decode_fp32
+    reason += (
+        f"; generation-shaped products bf16 {speeds.decode_bf16:.2f} vs fp32 "
+        f"{speeds.decode_fp32:.2f} G weights/s ({decode:.2f}x)"
+    )
+    if decode >= 1.0:
+        return Precision(torch.bfloat16, reason, **measured)
+    reason += ": bf16 passes, float32 weights and generation"
+    return Precision(torch.float32, reason, pass_dtype=torch.bfloat16, **measured)
 
 
 @contextlib.contextmanager
-def mixed_precision(model: nn.Module, *, enabled: bool = True) -> Iterator[None]:
-    """Run the LoRA products of a bf16 (or fp16) model in that dtype too: mixed precision.
+def mixed_precision(
+    model: nn.Module, *, enabled: bool = True, dtype: torch.dtype | None = None
+) -> Iterator[None]:
+    """Run a model's forward passes in ``dtype`` (default: its weights'), LoRA products included.
 
     peft computes an adapter in its weights' dtype, float32 here (they are trainable master
     weights), so at every adapted layer of a bf16 model it casts the activations up, runs the
@@ -175,10 +304,15 @@ def mixed_precision(model: nn.Module, *, enabled: bool = True) -> Iterator[None]
     run in the base model's dtype (``torch.autocast``, peft's input cast switched off); the
     LoRA weights and their gradients stay fp32 (autocast casts a copy per forward), and so do
     the value head (it computes with autocast off) and everything the caller does with
-    ``.float()`` logits. Nothing changes for a float32 model or with ``enabled=False``.
-    Nested use (``generate`` calls ``score_choices``) enters once: switching peft's casts walks
-    every module (~10 ms on the embedded model), and inside an autocast to the same dtype
-    they would only cast up and back down exactly.
+    ``.float()`` logits. Nothing changes for a float32 model, or for a bf16 one with
+    ``enabled=False`` (``PPOConfig.mixed_precision``).
+
+    ``dtype=torch.bfloat16`` on a float32 model (:data:`SPLIT_PRECISION`) runs every matmul in
+    bf16 under autocast, which casts each weight as it is used, whatever ``enabled`` says;
+    the residual stream and norms stay fp32. Nested use (``generate`` calls
+    ``score_choices``) enters once: switching peft's casts walks every module (~10 ms on the
+    embedded model), and inside an autocast to the same dtype they would only cast up and
+    back down exactly.
 
     Example:
         >>> from textgym_agents.model.adapters import attach_lora
@@ -191,23 +325,40 @@ def mixed_precision(model: nn.Module, *, enabled: bool = True) -> Iterator[None]
     """
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     weight = base.get_output_embeddings().weight
-    device = weight.device.type
-    active = torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device) == weight.dtype
-    if not enabled or weight.dtype == torch.float32 or active:
+    device, target = weight.device.type, dtype or weight.dtype
+    active = torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device) == target
+    if target == torch.float32 or active or (target == weight.dtype and not enabled):
         yield
         return
     with (
-        torch.autocast(device, dtype=weight.dtype),
+        torch.autocast(device, dtype=target),
         disable_input_dtype_casting(model),
     ):
         yield
 
 
 def in_compute_dtype(method: _Method) -> _Method:
-    """Decorate a policy method to run under :func:`mixed_precision` of ``self.model``.
+    """Decorate a policy method that runs forward passes: :func:`mixed_precision` in its dtype.
 
-    Switched by ``self.config.mixed_precision``; every method that runs the model (rollout,
-    scoring, training) carries it, so old and new log-probs come from the same numerics.
+    The dtype is ``self.pass_dtype`` (None: the weights'); the LoRA products follow
+    ``self.config.mixed_precision``. Every method that runs passes (choice rollouts, scoring,
+    training) carries it, so old and new log-probs come from the same numerics.
+    """
+
+    @functools.wraps(method)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        enabled, dtype = self.config.mixed_precision, getattr(self, "pass_dtype", None)
+        with mixed_precision(self.model, enabled=enabled, dtype=dtype):
+            return method(self, *args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def in_decode_dtype(method: _Method) -> _Method:
+    """Decorate a policy method that generates token by token: the weights' own dtype.
+
+    Under :data:`SPLIT_PRECISION` generation runs in fp32 while the passes it makes (choice
+    decoding scores with ``score_choices``, itself under :func:`in_compute_dtype`) run in bf16.
     """
 
     @functools.wraps(method)

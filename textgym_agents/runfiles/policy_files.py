@@ -18,7 +18,7 @@ from torch import nn
 from textgym.env_records import check_record
 from textgym_agents.exceptions import CheckpointError
 from textgym_agents.model.adapters import ValueHead, hidden_size_of, load_adapter
-from textgym_agents.model.loading import load_model
+from textgym_agents.model.loading import load_model, resolve_precision
 from textgym_agents.ppo.config import PPOConfig
 from textgym_agents.runfiles.atomic import (
     atomic_directory,
@@ -167,12 +167,14 @@ def load_policy_parts(
     if trained_env is not None and not trust_code:  # checked before anything is loaded
         check_record(trained_env, f"The policy {path} ({POLICY_FILE})")
     base = info.get("base", {})
+    precision = resolve_precision(dtype or base.get("dtype"), device)
     model, tokenizer = load_model(
         base.get("name_or_path"),
         gguf_file=base.get("gguf_file"),
-        dtype=dtype or base.get("dtype"),
+        dtype=precision.dtype,
         device=device,
     )
+    base = {**base, "dtype": precision.name, "precision": precision.to_dict()}
     try:  # damage that no listing records (a policy saved without one) still gets a message
         peft_model = load_adapter(model, path / ADAPTER_DIR)
         head_state = load_tensors(path / VALUE_HEAD_FILE)
