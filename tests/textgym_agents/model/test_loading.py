@@ -22,6 +22,7 @@ from textgym_agents.model.loading import (
     resolve_device,
     resolve_dtype,
 )
+from textgym_agents.model.precision import CpuSpeeds
 from textgym_agents.testing import load_tokenizer, logits_of, tiny_model
 
 PROMPTS = [
@@ -108,7 +109,12 @@ def test_resolve_dtype_names_and_dtypes(name, expected):
 
 @pytest.mark.parametrize("auto", [None, "auto"])
 @pytest.mark.parametrize(
-    ("measured", "expected"), [((100, 50), torch.float32), ((100, 230), torch.bfloat16)]
+    ("measured", "expected"),
+    [
+        (CpuSpeeds(100, 50), torch.float32),
+        (CpuSpeeds(100, 230, 4.0, 4.0), torch.bfloat16),
+        (CpuSpeeds(100, 230, 4.0, 3.0), torch.float32),  # bf16 passes over fp32 weights
+    ],
 )
 def test_resolve_dtype_auto_on_cpu_follows_the_measured_matmul_speed(
     auto, measured, expected, monkeypatch
@@ -122,7 +128,7 @@ def test_resolve_dtype_auto_on_cpu_follows_the_measured_matmul_speed(
 def test_resolve_dtype_rejects_unknown_names():
     expected = (
         "Expected dtype to be a torch.dtype or one of 'auto', 'float32', 'fp32', 'bfloat16', "
-        "'bf16', 'float16', 'fp16'; got 'int8'"
+        "'bf16', 'float16', 'fp16', 'bfloat16-passes'; got 'int8'"
     )
     with pytest.raises(ValueError, match=re.escape(expected)):
         resolve_dtype("int8", "cpu")
