@@ -1,7 +1,8 @@
 """Scoring: log-probs of replies, values of prompts, and choice distributions, in one pass.
 
 Scoring runs prompt + reply through the model once (right padding; the rows' shared prefix
-once) and reads the log-probs of the reply tokens and the value of the last prompt token.
+once; a row that begins another row inside that row's pass) and reads the log-probs of the
+reply tokens and the value of the last prompt token.
 Rows decoded by choices get the log-prob of their choice under the distribution over all of
 them; replies sampled under a grammar, their tokens' log-probs under the distribution
 renormalised over the tokens the grammar allowed. :class:`PolicyScoring` is the part of
@@ -23,6 +24,7 @@ from textgym_agents.decoding.choices import ChoiceScores, merge_rows, score_choi
 from textgym_agents.decoding.constrained import allowed_tokens, mask_logits
 from textgym_agents.decoding.shared_prefix import (
     RowsPass,
+    containing_rows,
     continue_tree,
     decoder_hidden_states,
     run_rows,
@@ -199,9 +201,15 @@ class PolicyScoring:
         device = self.device
         reply_width = max(len(r) for r in responses)
         sequences = [list(p) + list(r) for p, r in zip(prompts, responses, strict=True)]
+        # A row that begins another row is read from that row's pass (config.pack_turns).
+        owner = containing_rows(sequences) if self.config.pack_turns else range(len(prompts))
+        carriers = sorted(set(owner))
+        row_of = torch.tensor([carriers.index(c) for c in owner], device=device)
         # The logits at position i predict token i + 1, so a reply is read from the last
         # prompt position on; the shared prefix must end before every such position.
-        hidden, offset = self._hidden_states(sequences, max_shared=min(len(p) for p in prompts) - 1)
+        hidden, offset = self._hidden_states(
+            [sequences[c] for c in carriers], max_shared=min(len(p) for p in prompts) - 1
+        )
         width = hidden.shape[1]
         positions = torch.zeros((len(prompts), reply_width), dtype=torch.long)
         labels = torch.zeros((len(prompts), reply_width), dtype=torch.long)
@@ -212,13 +220,13 @@ class PolicyScoring:
             labels[row, : len(response)] = torch.tensor(response)
             mask[row, : len(response)] = 1
         positions = positions.to(device)
-        reply_hidden = hidden.gather(1, positions[..., None].expand(-1, -1, hidden.shape[-1]))
+        reply_hidden = hidden[row_of[:, None], positions]
         vocab = self._lm_head().weight.shape[0]
         allowed = allowed_tokens(responses, reply_width, vocab, device)  # (B, T, V)
         logps, ent = self._reply_scores(reply_hidden, labels.to(device), allowed, with_entropy)
         value = None
         if values:
-            value = self.value_head(hidden[torch.arange(len(prompts)), positions[:, 0]]).float()
+            value = self.value_head(hidden[row_of, positions[:, 0]]).float()
         return Scores(logps=logps, mask=mask.to(device), values=value, entropy=ent)
 
     def _reply_scores(

@@ -21,6 +21,7 @@ __all__ = [
     "run_rows",
     "SHARED_PREFIX_MIN",
     "common_prefix_length",
+    "containing_rows",
     "decoder_hidden_states",
     "generation_inputs",
     "prefix_cache",
@@ -47,6 +48,30 @@ def common_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
             n += 1
         length = n
     return length
+
+
+def containing_rows(sequences: Sequence[Sequence[int]]) -> list[int]:
+    """For each sequence, the index of a longest sequence that begins with it (else itself).
+
+    A row whose tokens begin another row needs no forward pass of its own: under causal
+    attention its positions have the same hidden states inside the longer row (up to
+    rounding). A multi-turn episode whose prompts keep the whole conversation is such a chain:
+    each turn's prompt and reply begin the next turn's prompt. Rows are matched longest
+    first, so the rows returned are those no other row contains; the result depends only on
+    the sequences and their order.
+
+    Example:
+        >>> containing_rows([[1, 2], [1, 2, 3, 4], [5], [1, 2, 3]])
+        [1, 1, 2, 1]
+    """
+    rows = [list(seq) for seq in sequences]
+    owner = list(range(len(rows)))
+    carriers: list[int] = []
+    for b in sorted(owner, key=lambda b: (-len(rows[b]), b)):
+        owner[b] = next((c for c in carriers if rows[c][: len(rows[b])] == rows[b]), b)
+        if owner[b] == b:
+            carriers.append(b)
+    return owner
 
 
 def shared_length(sequences: Sequence[Sequence[int]], max_shared: int) -> int:

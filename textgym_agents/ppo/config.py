@@ -101,6 +101,13 @@ class PPOConfig:
         "On CPU, run grouped-query attention without copying key/value heads (sdpa_gqa; same "
         "results, faster); False keeps transformers' sdpa.",
     )
+    pack_turns: bool = _help(
+        True,
+        "Score and train a turn whose prompt and reply begin another turn's prompt inside "
+        "that turn's row (an episode whose prompts keep the conversation: one row per "
+        "episode instead of one per turn; the same log-probs up to rounding), and keep such "
+        "turns together in minibatches. False gives every turn its own row.",
+    )
     mixed_precision: bool = _help(
         True,
         "With a bf16 base model (dtype 'auto' on a machine with fast bf16), run the LoRA "

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from textgym_agents.decoding.shared_prefix import shared_length
+from textgym_agents.decoding.shared_prefix import containing_rows, shared_length
 from textgym_agents.ppo import core
 from textgym_agents.ppo.buffer import Turn
 
@@ -24,6 +24,7 @@ __all__ = [
     "STEP_STATS",
     "VALUE_STATS",
     "behaviour_weight",
+    "chained_order",
     "micro_batch_loss",
     "minibatch_loss",
     "minibatches",
@@ -51,6 +52,8 @@ def minibatches(
     minibatch_size: int,
     micro_batch_size: int,
     micro_batch_tokens: int | None = None,
+    *,
+    pack: bool = False,
 ) -> Iterator[list[list[int]]]:
     """Minibatches of turn indices, each split into micro-batches of similar length.
 
@@ -60,13 +63,17 @@ def minibatches(
     longest, would pass more tokens than that through the model (the start every row of the
     minibatch shares runs once and is not counted); a longer row still gets a micro-batch of
     its own. Activation memory follows these tokens, so this bounds it where prompts are long.
+    With ``pack``, a free-text turn whose prompt and reply begin another turn's prompt in the
+    same minibatch rides in that turn's row (``PPOConfig.pack_turns``): it joins that turn's
+    micro-batch and costs no row or tokens of its own.
 
     Args:
         order: A permutation of ``range(len(turns))``, shape ``(N,)``.
         turns: The turns the indices point into.
         minibatch_size: Turns per minibatch (one optimizer step); the last may be smaller.
-        micro_batch_size: Most turns per forward pass.
+        micro_batch_size: Most rows per forward pass.
         micro_batch_tokens: Most padded tokens per forward pass, or None for no bound.
+        pack: Let turns ride in the row of a turn that begins with them.
 
     Example:
         >>> turns = [Turn([1], [2] * n, reward=0.0) for n in (1, 3, 2)]
@@ -74,25 +81,75 @@ def minibatches(
         [[[1], [0]], [[2]]]
         >>> list(minibatches(np.array([0, 1, 2]), turns, 3, 3, micro_batch_tokens=8))
         [[[1, 2], [0]]]
+        >>> list(minibatches(np.array([0, 1, 2]), turns, 3, 1, pack=True))
+        [[[1, 0, 2]]]
     """
     for start in range(0, len(order), minibatch_size):
         chunk = order[start : start + minibatch_size].tolist()
-        chunk.sort(key=lambda i: -(len(turns[i].prompt_ids) + len(turns[i].response_ids)))
+        rows = _rows(chunk, turns) if pack else [[i] for i in chunk]
+        rows.sort(key=lambda row: -_length(turns[row[0]]))
         if micro_batch_tokens is None:
-            yield [chunk[j : j + micro_batch_size] for j in range(0, len(chunk), micro_batch_size)]
+            yield [
+                [i for row in rows[j : j + micro_batch_size] for i in row]
+                for j in range(0, len(rows), micro_batch_size)
+            ]
             continue
         prompts = [turns[i].prompt_ids for i in chunk]
         shared = shared_length(prompts, min(len(p) for p in prompts) - 1)
-        micros: list[list[int]] = []
+        micros: list[list[list[int]]] = []
         width = 0  # own tokens of the current micro-batch's first (longest) row
-        for i in chunk:  # longest first: a micro-batch's first row sets its padded width
-            rows = len(micros[-1]) if micros else 0
-            if 0 < rows < micro_batch_size and width * (rows + 1) <= micro_batch_tokens:
-                micros[-1].append(i)
+        for row in rows:  # longest first: a micro-batch's first row sets its padded width
+            count = len(micros[-1]) if micros else 0
+            if 0 < count < micro_batch_size and width * (count + 1) <= micro_batch_tokens:
+                micros[-1].append(row)
                 continue
-            micros.append([i])
-            width = len(turns[i].prompt_ids) + len(turns[i].response_ids) - shared
-        yield micros
+            micros.append([row])
+            width = _length(turns[row[0]]) - shared
+        yield [[i for row in micro for i in row] for micro in micros]
+
+
+def _rows(chunk: list[int], turns: list[Turn]) -> list[list[int]]:
+    """The chunk's turns as forward rows: each row's longest turn first, then those it holds."""
+    free = [i for i in chunk if turns[i].choice_ids is None]  # choice turns are scored apart
+    owner = containing_rows([turns[i].prompt_ids + turns[i].response_ids for i in free])
+    carrier = {i: i for i in chunk} | {i: free[o] for i, o in zip(free, owner, strict=True)}
+    rows: dict[int, list[int]] = {}
+    for i in chunk:
+        row = rows.setdefault(carrier[i], [carrier[i]])
+        if carrier[i] != i:
+            row.append(i)
+    return list(rows.values())
+
+
+def chained_order(rng: np.random.Generator, turns: list[Turn]) -> np.ndarray:
+    """A random order of ``turns`` in which each chain of turns stays together, in order.
+
+    Consecutive turns form a chain where one's prompt and reply begin the next one's prompt
+    (a multi-turn episode that keeps its conversation), so :func:`minibatches` with ``pack``
+    can run the chain as one row. The chains are shuffled, not the turns; without chains this
+    is ``rng.permutation(len(turns))``.
+
+    Example:
+        >>> turns = [Turn([1], [2], 0.0), Turn([1, 2, 3], [4], 0.0), Turn([5], [6], 0.0)]
+        >>> chained_order(np.random.default_rng(0), turns).tolist() in ([0, 1, 2], [2, 0, 1])
+        True
+    """
+    chains: list[list[int]] = []
+    for i, turn in enumerate(turns):
+        before = turns[i - 1] if i else None
+        if (
+            before is not None
+            and turn.choice_ids is None
+            and turn.prompt_ids[: _length(before)] == before.prompt_ids + before.response_ids
+        ):
+            chains[-1].append(i)
+        else:
+            chains.append([i])
+    return np.array([i for k in rng.permutation(len(chains)) for i in chains[k]], dtype=int)
+
+
+def _length(turn: Turn) -> int:
+    return len(turn.prompt_ids) + len(turn.response_ids)
 
 
 def score_inputs(turns: list[Turn], rows: list[int]) -> dict[str, Any]:

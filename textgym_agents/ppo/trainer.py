@@ -42,6 +42,7 @@ from textgym_agents.ppo.steps import (
     STEP_STATS,
     VALUE_STATS,
     bootstrap_values,
+    chained_order,
     minibatch_loss,
     minibatches,
     score_inputs,
@@ -204,7 +205,7 @@ class PPOTrainer:
             raise ValueError("The rollout buffer is empty")
         start = time.perf_counter()
         # One order for scoring and the first epoch: both then run the same forward passes.
-        order = self.rng.permutation(len(turns))
+        order = self._order(turns)
         if self._advantages_need_scores:
             self.score(turns, order)
             self.compute_advantages(buffer)
@@ -336,7 +337,7 @@ class PPOTrainer:
         if steps == 0:  # nothing to train on (drop_zero_advantage): the weights stay put
             return {"train/epochs_done": 0, "train/early_stop": 0.0, "train/nonfinite_steps": 0}
         for epoch in range(config.num_epochs):
-            epoch_order = order if epoch == 0 else self.rng.permutation(len(turns))
+            epoch_order = order if epoch == 0 else self._order(turns)
             minibatches = list(self._minibatches(epoch_order, turns))
             for minibatch in minibatches + [[]] * (steps - len(minibatches)):
                 step_stats = self._gradient(turns, minibatch, params)
@@ -409,7 +410,13 @@ class PPOTrainer:
     def _minibatches(self, order: np.ndarray, turns: list[Turn]) -> Iterator[list[list[int]]]:
         config = self.config
         sizes = (config.minibatch_size, config.micro_batch_size, config.micro_batch_tokens)
-        return minibatches(order, turns, *sizes)
+        return minibatches(order, turns, *sizes, pack=config.pack_turns)
+
+    def _order(self, turns: list[Turn]) -> np.ndarray:
+        """A random order of the turns; with ``pack_turns``, chained turns stay together."""
+        if not self.config.pack_turns:
+            return self.rng.permutation(len(turns))
+        return chained_order(self.rng, turns)
 
     def _gradient(
         self, turns: list[Turn], minibatch: list[list[int]], params: list[torch.Tensor]

@@ -35,3 +35,65 @@ def test_reply_logits_in_chunks_change_nothing(monkeypatch, temperature):
     # without gradients the same chunks run: scoring and training agree to the bit
     assert torch.equal(split_again.logps, split.logps.detach())
     assert torch.equal(whole_again.logps, whole.logps.detach())
+
+
+def conversation_rows(policy):
+    """Three turns of one episode that keeps its conversation, and one turn of another."""
+    chat = [{"role": "user", "content": "What is 2 + 3?"}]
+    prompts, responses = [], []
+    for reply, observation in [("call 2+3", "Observation: 5"), ("answer", "ok"), ("done", "")]:
+        prompts.append(policy.encode(chat))
+        responses.append(policy.tokenizer.encode(reply, add_special_tokens=False))
+        chat = chat + [{"role": "assistant", "content": reply}]
+        chat = chat + [{"role": "user", "content": observation}]
+    other = policy.encode([{"role": "user", "content": "What is 7 * 6?"}])
+    return prompts + [other], responses + [[7, 8, 9]]
+
+
+def nontrivial(policy):
+    """LoRA B and the value head away from their zero init, so both change the outputs."""
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, param in policy.model.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.1)
+        for param in policy.value_head.parameters():
+            param.copy_(torch.randn(param.shape, generator=generator) * 0.1)
+    return policy
+
+
+def decoder_rows(policy):
+    """Rows of every decoder forward pass (a hook on the first decoder layer)."""
+    rows = []
+    layer = policy._decoder().layers[0]
+    layer.register_forward_hook(lambda m, a, out: rows.append(a[0].shape[0]))
+    return rows
+
+
+@pytest.mark.parametrize("with_grad", [False, True])
+def test_packed_turns_score_as_their_own_rows_do(with_grad):
+    """A turn that begins another turn's prompt is read from that turn's row, same scores."""
+    packed = nontrivial(PPOPolicy(*tiny_model(), config=PPOConfig()))
+    apart = nontrivial(PPOPolicy(*tiny_model(), config=PPOConfig(pack_turns=False)))
+    prompts, responses = conversation_rows(packed)
+    for a, b in zip(prompts, prompts[1:3], strict=False):
+        assert b[: len(a)] == a  # the prompts extend each other (the chat template's turns)
+    results = []
+    for policy in (packed, apart):
+        rows = decoder_rows(policy)
+        if with_grad:
+            scores, again, grads = scored(policy, prompts, responses)
+        else:
+            with torch.no_grad():
+                scores, grads = policy.score(prompts, responses, with_entropy=True), []
+        results.append((scores, grads, rows))
+    (a, a_grads, a_rows), (b, b_grads, b_rows) = results
+    # 4 turns: the first two ride in the third's row; the other episode has its own
+    assert max(a_rows) == 2 and max(b_rows) == 4
+    torch.testing.assert_close(a.logps * a.mask, b.logps * b.mask, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(a.values, b.values, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(a.entropy * a.mask, b.entropy * b.mask, atol=1e-5, rtol=1e-5)
+    assert torch.equal(a.mask, b.mask) and a.values.abs().min() > 0
+    assert not with_grad or any(g.abs().sum() > 0 for g in a_grads)
+    for x, y in zip(a_grads, b_grads, strict=True):
+        torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-4)
