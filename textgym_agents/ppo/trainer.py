@@ -146,6 +146,9 @@ class PPOTrainer:
         # The novelty bonus's visit counts (config.novelty_bonus), kept by checkpoints.
         self.novelty = VisitCounts(config.novelty_bonus) if config.novelty_bonus > 0 else None
         self.rng = np.random.default_rng(process.seed(config.seed))
+        # Sampling draws from torch's global generator: seeded here, as TRL's and SB3's
+        # trainers do, so collect()/update() loops with one seed sample the same replies.
+        torch.manual_seed(process.seed(config.seed))
         # The main process's choice (a default name holds the time), so all agree on files.
         output_dir = process.broadcast_text(None if output_dir is None else str(output_dir))
         self.output_dir = Path(output_dir) if output_dir is not None else None

@@ -33,6 +33,18 @@ def test_first_minibatch_ratio_is_exactly_one(policy, policy_loss_calls):
     assert any(not torch.equal(n * m, o * m) for n, o, m in calls[2:])
 
 
+@pytest.mark.parametrize("decoding", ["free", "choices"])
+def test_trainers_with_one_seed_sample_the_same_rollout(decoding):
+    """The trainer seeds sampling (torch's generator), as TRL's and SB3's trainers do."""
+    replies = []
+    for _ in range(2):
+        torch.manual_seed(len(replies))  # whatever happened before in the process
+        policy = PPOPolicy(*tiny_model(), config=small_config(decoding=decoding))
+        trainer = PPOTrainer(policy, gym.make_vec("textgym/Blackjack-v1", num_envs=4))
+        replies.append([turn.response_ids for turn in trainer.collect()])
+    assert replies[0] == replies[1]
+
+
 def test_kl_to_reference_is_zero_before_training(policy):
     prompts = [policy.encode([{"role": "user", "content": "hit?"}])]
     responses = [[1, 2, 3]]
