@@ -1,0 +1,121 @@
+"""Turns/s of the README's main job with and without packing conversation turns, in one run.
+
+Both arms train the embedded model on textgym/Calculator-v0 (8 envs; free-text JSON tool calls
+whose prompts keep the last 4 turns, so each turn's prompt and reply begin the next turn's
+prompt) with the settings `textgym train` picks (`PPOConfig.for_env`). They differ only in
+`pack_turns`:
+
+- before: every turn is its own row in scoring and in the update (pack_turns=False);
+- now:    a turn whose prompt and reply begin another turn's prompt is read from that turn's
+          row, and minibatches keep such chains together (pack_turns=True, the default).
+
+The arms alternate update by update in one process (after one warm-up update each), so machine
+load drifts affect both alike, and each update samples with the same seed in both arms (they
+play the same turns while their numerics agree to rounding). Prints seconds per phase, the
+scored tokens, turns/s and the ratios.
+
+    python benchmarks/main_job_speed.py [--updates 2] [--env textgym/Calculator-v0]
+
+Target: >= 2x turns/s for the calculator main job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import time
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+import textgym  # noqa: F401
+from textgym_agents import PPOConfig, PPOPolicy, PPOTrainer
+from textgym_agents.decoding.shared_prefix import containing_rows, shared_length
+from textgym_agents.model.precision import cpu_signature
+from textgym_agents.ppo.steps import minibatches
+
+ARMS = {"before": {"pack_turns": False}, "now": {"pack_turns": True}}
+PHASES = ("time/rollout_s", "time/score_s", "time/update_s")
+
+
+def make_trainer(env_id: str, num_envs: int, overrides: dict) -> PPOTrainer:
+    config = PPOConfig.for_env(env_id, num_envs=num_envs, progress=False, seed=0, **overrides)
+    policy = PPOPolicy.from_pretrained(None, config=config)
+    return PPOTrainer(policy, gym.make_vec(env_id, num_envs=num_envs))
+
+
+def forward_tokens(trainer: PPOTrainer, turns: list) -> int:
+    """Own tokens (past the shared prefix) of the first epoch's forward passes, padding included."""
+    config, total = trainer.config, 0
+    sizes = (config.minibatch_size, config.micro_batch_size, config.micro_batch_tokens)
+    order = np.arange(len(turns))
+    for minibatch in minibatches(order, turns, *sizes, pack=config.pack_turns):
+        prompts = [turns[i].prompt_ids for micro in minibatch for i in micro]
+        shared = shared_length(prompts, min(len(p) for p in prompts) - 1)
+        for micro in minibatch:
+            sequences = [turns[i].prompt_ids + turns[i].response_ids for i in micro]
+            owners = containing_rows(sequences) if config.pack_turns else range(len(micro))
+            rows = [sequences[b] for b in set(owners)]  # the rows the pass runs
+            total += len(rows) * (max(len(row) for row in rows) - shared)
+    return total
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--updates", type=int, default=2, help="timed updates per arm")
+    parser.add_argument("--num-envs", type=int, default=8)
+    parser.add_argument("--env", default="textgym/Calculator-v0")
+    args = parser.parse_args()
+    trainers = {name: make_trainer(args.env, args.num_envs, o) for name, o in ARMS.items()}
+    keys = (*PHASES, "seconds", "turns", "tokens")
+    totals = {name: dict.fromkeys(keys, 0.0) for name in ARMS}
+    for update in range(args.updates + 1):
+        for name, trainer in trainers.items():
+            torch.manual_seed(update)  # the same sampling seed for both arms
+            turns, start = trainer.turns, time.perf_counter()
+            buffer = trainer.collect()
+            rollout_s = time.perf_counter() - start
+            tokens = forward_tokens(trainer, buffer.turns())
+            metrics = trainer.update(buffer, trainer.collector.drain())
+            seconds = time.perf_counter() - start
+            if update == 0:
+                continue  # warm-up: first-call allocations, the precision measurement
+            total = totals[name]
+            total["seconds"] += seconds
+            total["turns"] += trainer.turns - turns
+            total["tokens"] += tokens
+            total["time/rollout_s"] += rollout_s
+            for key in PHASES[1:]:
+                total[key] += metrics[key]
+    print(f"machine: {cpu_signature()}")
+    for name, trainer in trainers.items():
+        precision = trainer.policy.base_info["precision"]
+        print(f"{name}: {precision['dtype']} ({precision['reason']})")
+    print(f"\n{args.env}: {args.updates} updates per arm after one warm-up, {args.num_envs} envs")
+    print(
+        f"{'arm':7} {'rollout s':>10} {'score s':>8} {'update s':>9} {'turns':>6} "
+        f"{'tokens':>7} {'turns/s':>8} {'score+update s/turn':>20}"
+    )
+    rate, train_rate = {}, {}
+    for name, total in totals.items():
+        rate[name] = total["turns"] / total["seconds"]
+        train = total["time/score_s"] + total["time/update_s"]
+        train_rate[name] = train / max(total["turns"], 1)
+        print(
+            f"{name:7} {total['time/rollout_s']:10.1f} {total['time/score_s']:8.1f} "
+            f"{total['time/update_s']:9.1f} {total['turns']:6.0f} {total['tokens']:7.0f} "
+            f"{rate[name]:8.3f} {train_rate[name]:20.2f}"
+        )
+    ratio = rate["now"] / rate["before"]
+    print(
+        f"\nnow / before: {ratio:.2f}x turns/s; score + update "
+        f"{train_rate['before'] / train_rate['now']:.2f}x faster per turn; forward tokens "
+        f"{totals['before']['tokens'] / max(totals['now']['tokens'], 1):.2f}x fewer"
+    )
+    print(f"turns/s target >= 2x: {'met' if ratio >= 2 else 'NOT met'}")
+    print(f"peak RSS of this process (both arms): {resource.getrusage(0).ru_maxrss / 1e6:.2f} GB")
+
+
+if __name__ == "__main__":
+    main()
