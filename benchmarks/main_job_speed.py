@@ -1,13 +1,16 @@
-"""Turns/s of the README's main job with and without packing conversation turns, in one run.
+"""Turns/s of the README's main job with and without its row-saving levers, in one run.
 
 Both arms train the embedded model on textgym/Calculator-v0 (8 envs; free-text JSON tool calls
 whose prompts keep the last 4 turns, so each turn's prompt and reply begin the next turn's
 prompt) with the settings `textgym train` picks (`PPOConfig.for_env`). They differ only in
-`pack_turns`:
+how many rows they run:
 
-- before: every turn is its own row in scoring and in the update (pack_turns=False);
+- before: every turn is its own row in scoring and in the update (pack_turns=False), and
+          generation prefills its rows in one batch, padded to the longest;
 - now:    a turn whose prompt and reply begin another turn's prompt is read from that turn's
-          row, and minibatches keep such chains together (pack_turns=True, the default).
+          row, minibatches keep such chains together (pack_turns=True, the default), and
+          generation prefills rows of very different lengths one at a time
+          (shared_prefix.PREFILL_PADDING_MAX).
 
 The arms alternate update by update in one process (after one warm-up update each), so machine
 load drifts affect both alike, and each update samples with the same seed in both arms (they
@@ -31,11 +34,17 @@ import torch
 
 import textgym  # noqa: F401
 from textgym_agents import PPOConfig, PPOPolicy, PPOTrainer
-from textgym_agents.decoding.shared_prefix import containing_rows, shared_length
+from textgym_agents.decoding import shared_prefix
+from textgym_agents.decoding.shared_prefix import (
+    PREFILL_PADDING_MAX,
+    containing_rows,
+    shared_length,
+)
 from textgym_agents.model.precision import cpu_signature
 from textgym_agents.ppo.steps import minibatches
 
-ARMS = {"before": {"pack_turns": False}, "now": {"pack_turns": True}}
+# Each arm: PPOConfig overrides, and the padding ratio above which rows are prefilled alone.
+ARMS = {"before": ({"pack_turns": False}, float("inf")), "now": ({}, PREFILL_PADDING_MAX)}
 PHASES = ("time/rollout_s", "time/score_s", "time/update_s")
 
 
@@ -67,11 +76,12 @@ def main() -> None:
     parser.add_argument("--num-envs", type=int, default=8)
     parser.add_argument("--env", default="textgym/Calculator-v0")
     args = parser.parse_args()
-    trainers = {name: make_trainer(args.env, args.num_envs, o) for name, o in ARMS.items()}
+    trainers = {name: make_trainer(args.env, args.num_envs, o) for name, (o, _) in ARMS.items()}
     keys = (*PHASES, "seconds", "turns", "tokens")
     totals = {name: dict.fromkeys(keys, 0.0) for name in ARMS}
     for update in range(args.updates + 1):
         for name, trainer in trainers.items():
+            shared_prefix.PREFILL_PADDING_MAX = ARMS[name][1]
             torch.manual_seed(update)  # the same sampling seed for both arms
             turns, start = trainer.turns, time.perf_counter()
             buffer = trainer.collect()

@@ -42,6 +42,34 @@ def test_batched_greedy_generation_equals_one_at_a_time(policy):
     assert len({tuple(r) for r in batched.response_ids}) > 1  # the replies are not trivial
 
 
+@pytest.mark.parametrize("shared", [True, False])
+def test_prefilling_rows_one_at_a_time_generates_what_one_padded_batch_does(
+    policy, monkeypatch, shared
+):
+    """Rows of very different lengths are prefilled alone (no padding); the replies agree."""
+    from textgym_agents.decoding import shared_prefix
+
+    system = [{"role": "system", "content": "You play blackjack and answer in JSON, briefly."}]
+    chats = [(system if shared else []) + c[-1:] for c in CONVERSATIONS]
+    alone = []
+    monkeypatch.setattr(shared_prefix, "_prefill_rows", spy(shared_prefix._prefill_rows, alone))
+    rows = policy.generate(chats, greedy=True)
+    assert len(alone) == 1  # the longest row's own tokens are > 1.25x the mean
+    monkeypatch.setattr(shared_prefix, "PREFILL_PADDING_MAX", float("inf"))
+    batch = policy.generate(chats, greedy=True)
+    assert len(alone) == 1
+    assert rows.response_ids == batch.response_ids
+    assert len({tuple(r) for r in rows.response_ids}) > 1
+
+
+def spy(function, calls):
+    def wrapper(*args, **kwargs):
+        calls.append(args)
+        return function(*args, **kwargs)
+
+    return wrapper
+
+
 def test_responses_stop_at_eos_and_respect_max_new_tokens(policy):
     generation = policy.generate(CONVERSATIONS * 4)
     eos = policy.tokenizer.eos_token_id

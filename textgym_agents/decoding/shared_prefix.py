@@ -29,6 +29,9 @@ __all__ = [
 ]
 
 SHARED_PREFIX_MIN = 16  # shorter shared prefixes are not worth a second model call
+PREFILL_PADDING_MAX = 1.25
+"""Generation prefills rows one at a time when padding them to the longest would run this many
+times their own tokens (or more) in one batched pass."""
 # transformers 5 renamed the past_key_values argument of forward() and generate() to cache.
 CACHE_KWARG = "cache" if int(transformers.__version__.split(".")[0]) >= 5 else "past_key_values"
 
@@ -231,6 +234,69 @@ def generation_inputs(
         attention_mask[row, width - own :] = 1
     device = next(model.parameters()).device
     extra: dict[str, Any] = {}
-    if shared:
+    own = [len(p) - shared for p in prompts]
+    if len(prompts) > 1 and len(prompts) * max(own) >= PREFILL_PADDING_MAX * sum(own):
+        extra[CACHE_KWARG] = _prefill_rows(model, prompts, shared, width, device)
+    elif shared:
         extra[CACHE_KWARG] = prefix_cache(model, prompts[0][:shared], len(prompts), device)
     return input_ids.to(device), attention_mask.to(device), extra
+
+
+def _prefill_rows(
+    model: nn.Module, prompts: Sequence[Sequence[int]], shared: int, width: int, device: Any
+) -> Any:
+    """The cache of ``[shared | left padding | own tokens but the last]``, one row at a time.
+
+    Rows whose own tokens differ in length would be padded to the longest in one batched
+    prefill; run alone, each computes only its own tokens (on the shared prefix's cache).
+    The cache covers every column but the last, which ``generate()`` then runs for all rows.
+    Padding columns hold zeros (the attention mask hides them).
+    """
+    from transformers import DynamicCache
+
+    prefix = [] if not shared else _layers(model, prompts[0][:shared], None, 0, device)
+    rows = []
+    for prompt in prompts:
+        own = list(prompt[shared : len(prompt) - 1])
+        rows.append(_layers(model, own, prefix, shared, device) if own else None)
+    cache, columns = DynamicCache(), width - 1
+    for layer in range(len(prefix) if shared else len(next(r for r in rows if r))):
+        parts = []
+        for kind in (0, 1):  # keys, values
+            template = (prefix or next(r for r in rows if r))[layer][kind]
+            full = template.new_zeros((len(prompts), template.shape[1], columns, template.shape[3]))
+            if shared:
+                full[:, :, :shared] = prefix[layer][kind]
+            for b, row in enumerate(rows):
+                if row is not None:
+                    n = row[layer][kind].shape[2]
+                    full[b, :, columns - n :] = row[layer][kind][0]
+            parts.append(full)
+        cache.update(parts[0], parts[1], layer)
+    return cache
+
+
+def _layers(
+    model: nn.Module,
+    tokens: Sequence[int],
+    prefix: list[tuple[torch.Tensor, torch.Tensor]] | None,
+    start: int,
+    device: Any,
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each layer's (keys, values) of ``tokens`` at positions ``start...``, after ``prefix``.
+
+    Only the new tokens' keys and values are returned (the prefix's are not copied in).
+    """
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    for layer, (keys, values) in enumerate(prefix or []):
+        cache.update(keys, values, layer)
+    ids = torch.tensor([list(tokens)], device=device)
+    positions = torch.arange(start, start + len(tokens), device=device)[None]
+    kwargs = {CACHE_KWARG: cache} if prefix else {}
+    output = model(
+        input_ids=ids, position_ids=positions, use_cache=True, logits_to_keep=1, **kwargs
+    )
+    layers = getattr(output, CACHE_KWARG).layers
+    return [(layer.keys[:, :, start:], layer.values[:, :, start:]) for layer in layers]
