@@ -1,7 +1,8 @@
 """Tiny, offline stand-ins for the real model, for tests and benchmarks that must run in seconds.
 
 `load_tokenizer` gives the embedded SmolLM2 tokenizer; `tiny_model` a random Llama that uses it
-(`logits_of` reads its logits on a text);
+(`logits_of` reads its logits on a text; `perturb_adapter` makes a fresh policy's adapter and
+value head matter);
 `PayingChoice` a one-step env where one of two actions always pays (`paying_choice_env` as text,
 `paying_choice_policy` a tiny model that can learn it).
 """
@@ -118,6 +119,28 @@ def tiny_model(
         model = LlamaForCausalLM(config)
     model.generation_config = GenerationConfig(**ids)
     return model.to(dtype).eval(), tokenizer
+
+
+def perturb_adapter(policy: Any, *, scale: float = 0.1, seed: int = 0) -> Any:
+    """Move LoRA B and the value head away from their zero init (so both change outputs).
+
+    A fresh adapter is a no-op and a fresh value head returns 0, which hides mistakes in
+    whatever reads them; returns ``policy``.
+
+    Example:
+        >>> from textgym_agents import PPOPolicy
+        >>> policy = perturb_adapter(PPOPolicy(*tiny_model()))
+        >>> bool(policy.value_head.summary.weight.abs().sum() > 0)
+        True
+    """
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in policy.model.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * scale)
+        for param in policy.value_head.parameters():
+            param.copy_(torch.randn(param.shape, generator=generator) * scale)
+    return policy
 
 
 def logits_of(

@@ -3,7 +3,7 @@ import torch
 
 from textgym_agents import PPOConfig, PPOPolicy
 from textgym_agents.decoding import scoring
-from textgym_agents.testing import tiny_model
+from textgym_agents.testing import perturb_adapter, tiny_model
 
 
 def scored(policy, prompts, responses):
@@ -50,18 +50,6 @@ def conversation_rows(policy):
     return prompts + [other], responses + [[7, 8, 9]]
 
 
-def nontrivial(policy):
-    """LoRA B and the value head away from their zero init, so both change the outputs."""
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, param in policy.model.named_parameters():
-            if "lora_B" in name:
-                param.copy_(torch.randn(param.shape, generator=generator) * 0.1)
-        for param in policy.value_head.parameters():
-            param.copy_(torch.randn(param.shape, generator=generator) * 0.1)
-    return policy
-
-
 def decoder_rows(policy):
     """Rows of every decoder forward pass (a hook on the first decoder layer)."""
     rows = []
@@ -73,8 +61,8 @@ def decoder_rows(policy):
 @pytest.mark.parametrize("with_grad", [False, True])
 def test_packed_turns_score_as_their_own_rows_do(with_grad):
     """A turn that begins another turn's prompt is read from that turn's row, same scores."""
-    packed = nontrivial(PPOPolicy(*tiny_model(), config=PPOConfig()))
-    apart = nontrivial(PPOPolicy(*tiny_model(), config=PPOConfig(pack_turns=False)))
+    packed = perturb_adapter(PPOPolicy(*tiny_model(), config=PPOConfig()))
+    apart = perturb_adapter(PPOPolicy(*tiny_model(), config=PPOConfig(pack_turns=False)))
     prompts, responses = conversation_rows(packed)
     for a, b in zip(prompts, prompts[1:3], strict=False):
         assert b[: len(a)] == a  # the prompts extend each other (the chat template's turns)

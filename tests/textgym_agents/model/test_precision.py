@@ -18,7 +18,7 @@ from textgym_agents.model.precision import (
     matmul_gflops,
     mixed_precision,
 )
-from textgym_agents.testing import tiny_model
+from textgym_agents.testing import perturb_adapter, tiny_model
 
 
 @pytest.fixture
@@ -178,18 +178,6 @@ CHATS = [
 ]
 
 
-def nontrivial(policy):
-    """LoRA B and the value head away from their zero init, so both change the outputs."""
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, param in policy.model.named_parameters():
-            if "lora_B" in name:
-                param.copy_(torch.randn(param.shape, generator=generator) * 0.1)
-        for param in policy.value_head.parameters():
-            param.copy_(torch.randn(param.shape, generator=generator) * 0.1)
-    return policy
-
-
 def lora_dtypes(policy):
     """Records (input, output) dtypes of every LoRA A product while attached."""
     seen = []
@@ -201,7 +189,7 @@ def lora_dtypes(policy):
 
 @pytest.mark.parametrize(("mixed", "expected"), [(True, torch.bfloat16), (False, torch.float32)])
 def test_mixed_precision_runs_lora_in_the_base_dtype_with_fp32_masters(mixed, expected):
-    policy = nontrivial(bf16_policy(mixed_precision=mixed, max_new_tokens=4))
+    policy = perturb_adapter(bf16_policy(mixed_precision=mixed, max_new_tokens=4))
     generation = policy.generate(CHATS)
     seen = lora_dtypes(policy)
     scores = policy.score(generation.prompt_ids, generation.response_ids)
@@ -215,7 +203,7 @@ def test_mixed_precision_runs_lora_in_the_base_dtype_with_fp32_masters(mixed, ex
 
 
 def test_mixed_precision_changes_bf16_results_by_rounding_only():
-    mixed, plain = (nontrivial(bf16_policy(mixed_precision=m)) for m in (True, False))
+    mixed, plain = (perturb_adapter(bf16_policy(mixed_precision=m)) for m in (True, False))
     generation = plain.generate(CHATS)
     with torch.no_grad():
         a = mixed.score(generation.prompt_ids, generation.response_ids)
@@ -241,7 +229,7 @@ def test_mixed_precision_leaves_a_float32_model_alone():
     for mixed in (True, False):
         model, tokenizer = tiny_model()
         config = PPOConfig(mixed_precision=mixed, max_new_tokens=4)
-        policies.append(nontrivial(PPOPolicy(model, tokenizer, config=config)))
+        policies.append(perturb_adapter(PPOPolicy(model, tokenizer, config=config)))
     generation = policies[1].generate(CHATS)
     with torch.no_grad():
         a, b = (p.score(generation.prompt_ids, generation.response_ids) for p in policies)
@@ -280,7 +268,7 @@ def base_matmul_dtypes(policy):
 
 
 def test_split_precision_generates_in_fp32_and_runs_passes_in_bf16():
-    policy = nontrivial(bf16_policy(split=True, max_new_tokens=4, decoding="auto"))
+    policy = perturb_adapter(bf16_policy(split=True, max_new_tokens=4, decoding="auto"))
     assert policy.pass_dtype is torch.bfloat16
     assert all(p.dtype is torch.float32 for p in policy.model.parameters())  # one copy, fp32
     seen = base_matmul_dtypes(policy)
@@ -300,8 +288,8 @@ def test_split_precision_generates_in_fp32_and_runs_passes_in_bf16():
 
 
 def test_split_precision_scores_as_bf16_weights_do_up_to_rounding():
-    split = nontrivial(bf16_policy(split=True))
-    reference = nontrivial(bf16_policy(split=False))  # the same tiny weights, stored in bf16
+    split = perturb_adapter(bf16_policy(split=True))
+    reference = perturb_adapter(bf16_policy(split=False))  # the same tiny weights, stored in bf16
     generation = split.generate(CHATS)
     with torch.no_grad():
         a = split.score(generation.prompt_ids, generation.response_ids)
