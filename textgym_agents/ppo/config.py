@@ -275,6 +275,9 @@ class PPOConfig:
         return self.advantage_estimator == "gae"
 
     def __post_init__(self) -> None:
+        for spec in dataclasses.fields(self):  # a string such as "false" would read as True
+            if spec.type == "bool":
+                _check(self, spec.name, isinstance(getattr(self, spec.name), bool), "a bool")
         positive_ints = ["max_new_tokens", "num_steps", "num_epochs", "minibatch_size"]
         positive_ints += ["group_size", "max_episode_turns"]
         positive_ints += ["micro_batch_size", "kl_horizon", "keep_checkpoints", "choice_batch_size"]

@@ -29,6 +29,8 @@ def test_every_field_has_help_text():
         ("stop_strings", [""], "stop_strings must be a list of non-empty str, got ['']"),
         ("vf_coef", float("nan"), "vf_coef must be >= 0, got nan"),
         ("num_epochs", True, "num_epochs must be an int >= 1, got True"),
+        ("pack_turns", "false", "pack_turns must be a bool, got 'false'"),
+        ("anneal_lr", 1, "anneal_lr must be a bool, got 1"),
     ],
 )
 def test_bad_values_name_the_field(field, value, message):
