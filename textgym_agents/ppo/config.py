@@ -220,8 +220,9 @@ class PPOConfig:
     minibatch_size: int = _help(32, "Turns per optimizer step.")
     micro_batch_size: int = _help(
         16,
-        "Turns per forward pass (gradient accumulation); at most minibatch_size (a larger "
-        "value is taken as minibatch_size).",
+        "Rows per forward pass (gradient accumulation; a row is a turn, or the turns "
+        "pack_turns puts in one); at most minibatch_size (a larger value is taken as "
+        "minibatch_size).",
     )
     micro_batch_tokens: int | None = _help(
         1024,
