@@ -11,7 +11,6 @@ renormalised over the tokens the grammar allowed. :class:`PolicyScoring` is the 
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -27,6 +26,7 @@ from textgym_agents.decoding.shared_prefix import (
     containing_rows,
     continue_tree,
     decoder_hidden_states,
+    fork_cache,
     run_rows,
 )
 from textgym_agents.model.precision import in_compute_dtype
@@ -332,17 +332,6 @@ class _OnePromptScorer:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Summed log-prob and token count of each of ``choices`` after the prompt."""
         first, last_hidden = state
-        own = replace(first, cache=_fork_cache(first.cache))
+        own = replace(first, cache=fork_cache(first.cache))
         length = first.attention_mask.shape[1]  # one row: no padding
         return self.scoring._choice_totals(own, last_hidden, [length], [choices])
-
-
-def _fork_cache(cache: Any) -> Any:
-    """A copy of a ``DynamicCache`` whose layers can be extended without changing ``cache``.
-
-    Its layers replace their key/value tensors when extended (``torch.cat``), so copying
-    the layer objects is enough: the tensors themselves are shared, not copied.
-    """
-    fork = copy.copy(cache)
-    fork.layers = [copy.copy(layer) for layer in cache.layers]
-    return fork

@@ -6,6 +6,7 @@ key/value cache across the batch, so only each row's own tokens are computed per
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,7 @@ __all__ = [
     "common_prefix_length",
     "containing_rows",
     "decoder_hidden_states",
+    "fork_cache",
     "generation_inputs",
     "prefix_cache",
     "shared_length",
@@ -248,55 +250,54 @@ def _prefill_rows(
     """The cache of ``[shared | left padding | own tokens but the last]``, one row at a time.
 
     Rows whose own tokens differ in length would be padded to the longest in one batched
-    prefill; run alone, each computes only its own tokens (on the shared prefix's cache).
-    The cache covers every column but the last, which ``generate()`` then runs for all rows.
-    Padding columns hold zeros (the attention mask hides them).
+    prefill; run alone, each computes only its own tokens (on a fork of the shared prefix's
+    cache). The cache covers every column but the last, which ``generate()`` then runs for
+    all rows. Padding columns hold zeros (the attention mask hides them).
     """
     from transformers import DynamicCache
 
-    prefix = [] if not shared else _layers(model, prompts[0][:shared], None, 0, device)
-    rows = []
-    for prompt in prompts:
-        own = list(prompt[shared : len(prompt) - 1])
-        rows.append(_layers(model, own, prefix, shared, device) if own else None)
-    cache, columns = DynamicCache(), width - 1
-    for layer in range(len(prefix) if shared else len(next(r for r in rows if r))):
-        parts = []
-        for kind in (0, 1):  # keys, values
-            template = (prefix or next(r for r in rows if r))[layer][kind]
-            full = template.new_zeros((len(prompts), template.shape[1], columns, template.shape[3]))
-            if shared:
-                full[:, :, :shared] = prefix[layer][kind]
-            for b, row in enumerate(rows):
-                if row is not None:
-                    n = row[layer][kind].shape[2]
-                    full[b, :, columns - n :] = row[layer][kind][0]
-            parts.append(full)
-        cache.update(parts[0], parts[1], layer)
+    prefix = _extend(model, DynamicCache(), prompts[0][:shared], 0, device)
+    rows = [
+        _extend(model, fork_cache(prefix), prompt[shared:-1], shared, device)
+        if len(prompt) - shared > 1
+        else None
+        for prompt in prompts
+    ]
+    source = next(c for c in (prefix, *rows) if c is not None and c.layers)
+    columns, cache = width - 1, DynamicCache()
+
+    def padded(layer: int, kind: str) -> torch.Tensor:
+        like = getattr(source.layers[layer], kind)
+        full = like.new_zeros((len(prompts), like.shape[1], columns, like.shape[3]))
+        if shared:
+            full[:, :, :shared] = getattr(prefix.layers[layer], kind)
+        for b, row in enumerate(rows):
+            if row is not None:
+                own = getattr(row.layers[layer], kind)[0, :, shared:]
+                full[b, :, columns - own.shape[1] :] = own
+        return full
+
+    for layer in range(len(source.layers)):
+        cache.update(padded(layer, "keys"), padded(layer, "values"), layer)
     return cache
 
 
-def _layers(
-    model: nn.Module,
-    tokens: Sequence[int],
-    prefix: list[tuple[torch.Tensor, torch.Tensor]] | None,
-    start: int,
-    device: Any,
-) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Each layer's (keys, values) of ``tokens`` at positions ``start...``, after ``prefix``.
+def _extend(model: nn.Module, cache: Any, tokens: Sequence[int], start: int, device: Any) -> Any:
+    """``cache`` extended in place by ``tokens`` at positions ``start...`` (no logits kept)."""
+    if tokens:
+        ids = torch.tensor([list(tokens)], device=device)
+        positions = torch.arange(start, start + len(tokens), device=device)[None]
+        kwargs = {CACHE_KWARG: cache, "position_ids": positions, "logits_to_keep": 1}
+        model(input_ids=ids, use_cache=True, **kwargs)
+    return cache
 
-    Only the new tokens' keys and values are returned (the prefix's are not copied in).
+
+def fork_cache(cache: Any) -> Any:
+    """A copy of a ``DynamicCache`` whose layers can be extended without changing ``cache``.
+
+    Its layers replace their key/value tensors when extended (``torch.cat``), so copying
+    the layer objects is enough: the tensors themselves are shared, not copied.
     """
-    from transformers import DynamicCache
-
-    cache = DynamicCache()
-    for layer, (keys, values) in enumerate(prefix or []):
-        cache.update(keys, values, layer)
-    ids = torch.tensor([list(tokens)], device=device)
-    positions = torch.arange(start, start + len(tokens), device=device)[None]
-    kwargs = {CACHE_KWARG: cache} if prefix else {}
-    output = model(
-        input_ids=ids, position_ids=positions, use_cache=True, logits_to_keep=1, **kwargs
-    )
-    layers = getattr(output, CACHE_KWARG).layers
-    return [(layer.keys[:, :, start:], layer.values[:, :, start:]) for layer in layers]
+    fork = copy.copy(cache)
+    fork.layers = [copy.copy(layer) for layer in cache.layers]
+    return fork
