@@ -344,14 +344,7 @@ def in_compute_dtype(method: _Method) -> _Method:
     ``self.config.mixed_precision``. Every method that runs passes (choice rollouts, scoring,
     training) carries it, so old and new log-probs come from the same numerics.
     """
-
-    @functools.wraps(method)
-    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-        enabled, dtype = self.config.mixed_precision, getattr(self, "pass_dtype", None)
-        with mixed_precision(self.model, enabled=enabled, dtype=dtype):
-            return method(self, *args, **kwargs)
-
-    return wrapper  # type: ignore[return-value]
+    return _under_mixed_precision(method, passes=True)
 
 
 def in_decode_dtype(method: _Method) -> _Method:
@@ -360,10 +353,14 @@ def in_decode_dtype(method: _Method) -> _Method:
     Under :data:`SPLIT_PRECISION` generation runs in fp32 while the passes it makes (choice
     decoding scores with ``score_choices``, itself under :func:`in_compute_dtype`) run in bf16.
     """
+    return _under_mixed_precision(method, passes=False)
 
+
+def _under_mixed_precision(method: _Method, *, passes: bool) -> _Method:
     @functools.wraps(method)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-        with mixed_precision(self.model, enabled=self.config.mixed_precision):
+        dtype = getattr(self, "pass_dtype", None) if passes else None
+        with mixed_precision(self.model, enabled=self.config.mixed_precision, dtype=dtype):
             return method(self, *args, **kwargs)
 
     return wrapper  # type: ignore[return-value]
