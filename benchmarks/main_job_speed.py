@@ -5,10 +5,13 @@ whose prompts keep the last 4 turns, so each turn's prompt and reply begin the n
 prompt) with the settings `textgym train` picks (`PPOConfig.for_env`). They differ only in
 how many rows they run:
 
-- before: every turn is its own row in scoring and in the update (pack_turns=False), and
+- before: every turn is its own row in scoring and in the update (pack_turns=False), a
+          scoring pass runs every turn before the update (score_in_update=False), and
           generation prefills its rows in one batch, padded to the longest;
 - now:    a turn whose prompt and reply begin another turn's prompt is read from that turn's
-          row, minibatches keep such chains together (pack_turns=True, the default), and
+          row, minibatches keep such chains together (pack_turns=True, the default), the
+          first minibatch's old log-probs come from the update's own first pass and the
+          critic's values from the rollout (score_in_update=True, the default), and
           generation prefills rows of very different lengths one at a time
           (shared_prefix.PREFILL_PADDING_MAX).
 
@@ -44,7 +47,8 @@ from textgym_agents.model.precision import cpu_signature
 from textgym_agents.ppo.steps import minibatches
 
 # Each arm: PPOConfig overrides, and the padding ratio above which rows are prefilled alone.
-ARMS = {"before": ({"pack_turns": False}, float("inf")), "now": ({}, PREFILL_PADDING_MAX)}
+BEFORE = {"pack_turns": False, "score_in_update": False}
+ARMS = {"before": (BEFORE, float("inf")), "now": ({}, PREFILL_PADDING_MAX)}
 PHASES = ("time/rollout_s", "time/score_s", "time/update_s")
 
 

@@ -211,6 +211,8 @@ class PPOPolicy(PolicyScoring):
         if mode == "constrained":
             compiler = self._grammar_compiler()
             grammar = compiler.mask(schemas, self._prefix_ids(), config.stop_strings, budget)  # type: ignore[arg-type]
+        # The critic's values from this pass, so training need not score them again.
+        critic = config.uses_critic and config.score_in_update
         return generate_text(
             self.model,
             self.tokenizer,
@@ -220,6 +222,7 @@ class PPOPolicy(PolicyScoring):
             max_new_tokens=budget,
             greedy=greedy,
             grammar=grammar,
+            critic=(self._decoder(), self.value_head) if critic else None,
         )
 
     def _decoding(

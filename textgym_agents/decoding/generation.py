@@ -6,7 +6,8 @@ the cut of each row back to the tokens the model actually sampled.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +18,7 @@ from textgym_agents.decoding.constrained import GrammarMask
 from textgym_agents.decoding.shared_prefix import generation_inputs
 from textgym_agents.ppo.config import PPOConfig
 
-__all__ = ["Generation", "cut_reply", "generate_text"]
+__all__ = ["Generation", "cut_reply", "generate_text", "last_prompt_states"]
 
 
 @dataclass
@@ -52,6 +53,7 @@ def generate_text(
     max_new_tokens: int,
     greedy: bool = False,
     grammar: GrammarMask | None = None,
+    critic: tuple[nn.Module, nn.Module] | None = None,
 ) -> Generation:
     """Sample (or greedily pick) one reply per prompt in one ``generate()`` call.
 
@@ -66,6 +68,9 @@ def generate_text(
         greedy: Pick the most likely token at each step instead of sampling.
         grammar: Constrained decoding: the mask restricting each row to its reply grammar
             (built with the same ``max_new_tokens``); None for free text.
+        critic: The model's decoder and a value head: each prompt's value is read from the
+            hidden state of its last token in ``generate()``'s first forward pass
+            (``Generation.values``), as scoring would compute it up to rounding.
 
     Returns:
         The prompts, each row's reply tokens (up to EOS or a stop string) and texts.
@@ -80,16 +85,17 @@ def generate_text(
     if not greedy:
         sampling = {"do_sample": True, "temperature": config.temperature}
         sampling.update(top_p=config.top_p, top_k=config.top_k or None)
-    output = model.generate(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        max_new_tokens=max_new_tokens,
-        pad_token_id=pad,
-        eos_token_id=sorted(eos_ids),
-        use_cache=True,
-        **sampling,
-        **extra,
-    )
+    with last_prompt_states(critic[0]) if critic else nullcontext([]) as states:
+        output = model.generate(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            max_new_tokens=max_new_tokens,
+            pad_token_id=pad,
+            eos_token_id=sorted(eos_ids),
+            use_cache=True,
+            **sampling,
+            **extra,
+        )
     rows = [row[input_ids.shape[1] :].tolist() for row in output.cpu()]
 
     def cut(tokens: list[int]) -> list[int]:
@@ -98,7 +104,30 @@ def generate_text(
     responses = grammar.replies(rows, cut) if grammar is not None else [cut(r) for r in rows]
     texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
     prefix = config.reply_prefix
-    return Generation(prompts, responses, [prefix + text for text in texts])
+    values = critic[1](states[0]).float().tolist() if critic else None  # type: ignore[index]
+    return Generation(prompts, responses, [prefix + text for text in texts], values=values)
+
+
+@contextmanager
+def last_prompt_states(decoder: nn.Module) -> Iterator[list[torch.Tensor]]:
+    """Collect the final hidden state of each row's last prompt token during ``generate()``.
+
+    ``generate()`` first runs the prompts' uncached tokens, which end every left-padded row at
+    its last column; the hook keeps that column of the decoder's output (shape ``(B, H)``) as
+    the one item of the yielded list, and ignores the decoding steps after it. The critic's
+    value of a prompt is read from this hidden state, as scoring reads it.
+    """
+    states: list[torch.Tensor] = []
+
+    def keep_first(module: nn.Module, args: Any, output: Any) -> None:
+        if not states:
+            states.append(output.last_hidden_state[:, -1].detach())
+
+    handle = decoder.register_forward_hook(keep_first)
+    try:
+        yield states
+    finally:
+        handle.remove()
 
 
 def cut_reply(

@@ -72,11 +72,12 @@ class Turn:
     behaviour_logp: float | None = None
     bonus: float = 0.0  # novelty bonus (PPOConfig.novelty_bonus), added to the reward in estimates
     text: TurnText | None = None
-    # Filled by scoring: per-token log-probs (T,) under the rollout policy and the reference,
-    # the value of the prompt and, for bootstrapped turns, the value of bootstrap_ids.
+    # Filled by scoring (or by the rollout where it computed them): per-token log-probs (T,)
+    # under the rollout policy and the reference, the critic's value of the prompt and, for
+    # bootstrapped turns, the value of bootstrap_ids.
     old_logps: torch.Tensor | None = None
     ref_logps: torch.Tensor | None = None
-    value: float = 0.0
+    value: float | None = None
     bootstrap_value: float = 0.0
     # Filled by GAE.
     advantage: float = 0.0
@@ -171,15 +172,21 @@ class RolloutBuffer:
             turn.kl = float(core.kl_penalty(turn.old_logps, turn.ref_logps, kl_estimator).sum())
 
     def compute_advantages(
-        self, beta: float, gamma: float, lam: float, kl_estimator: str = "k1"
+        self, beta: float, gamma: float, lam: float, kl_estimator: str | None = "k1"
     ) -> None:
         """Turn-level GAE per stream on the env reward minus ``beta`` times the turn's KL.
 
-        Needs scored turns (``old_logps``, ``ref_logps``, ``value``, ``bootstrap_value``); sets
-        each turn's ``kl``, ``advantage`` and ``returns``. Bootstraps from the next turn's value,
-        or from ``bootstrap_value`` after a truncation or at the end of an unfinished stream.
+        Needs scored turns (``old_logps``, ``ref_logps``, ``value``, ``bootstrap_value``; only
+        ``value`` and ``bootstrap_value`` with ``kl_estimator=None``, which sets every KL to 0);
+        sets each turn's ``kl``, ``advantage`` and ``returns``. Bootstraps from the next turn's
+        value, or from ``bootstrap_value`` after a truncation or at the end of an unfinished
+        stream.
         """
-        self.compute_kl(kl_estimator)
+        if kl_estimator is None:
+            for turn in self:
+                turn.kl = 0.0
+        else:
+            self.compute_kl(kl_estimator)
         for turns in self.streams.values():
             rewards = torch.tensor([t.reward + t.bonus - beta * t.kl for t in turns])
             values = torch.tensor([t.value for t in turns])

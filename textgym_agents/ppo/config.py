@@ -108,6 +108,15 @@ class PPOConfig:
         "episode instead of one per turn; the same log-probs up to rounding), and keep such "
         "turns together in minibatches. False gives every turn its own row.",
     )
+    score_in_update: bool = _help(
+        True,
+        "Skip scoring before the update where the update computes the same numbers: turns of "
+        "the first minibatch take their old log-probs from the first epoch's own forward pass "
+        "(the rollout's weights, the same rows: the first ratio is exactly 1), and the "
+        "critic's values come from the rollout's generation pass (the hidden state of each "
+        "prompt's last token). Later minibatches, a KL penalty's reference and vLLM rollouts "
+        "are scored before the update as with False.",
+    )
     mixed_precision: bool = _help(
         True,
         "With a bf16 base model (dtype 'auto' on a machine with fast bf16), run the LoRA "

@@ -204,8 +204,8 @@ class RolloutCollector:
                 turn.behaviour_logp = generation.behaviour_logps[k]
             if getattr(generation, "logps", None) is not None:  # scored by the rollout
                 turn.old_logps = torch.tensor([generation.logps[k]])
-                if generation.values is not None:  # None: critic-free
-                    turn.value = float(generation.values[k])
+            if getattr(generation, "values", None) is not None:  # None: critic-free
+                turn.value = float(generation.values[k])
             if turn.truncated:
                 turn.bootstrap_ids = policy.encode(step.final_observation(i))
             if self.anchor_key is not None:

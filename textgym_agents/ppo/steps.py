@@ -168,6 +168,8 @@ def micro_batch_loss(
     minibatch_tokens: float,
     minibatch_turns: float,
     ent_coef: float | None = None,
+    *,
+    first_pass: bool = False,
 ) -> dict[str, float]:
     """Forward + backward of one micro-batch, weighted so the minibatch sums to means.
 
@@ -185,8 +187,20 @@ def micro_batch_loss(
         minibatch_turns: Turns of the whole minibatch (over every process).
         ent_coef: The entropy bonus's weight now (default ``config.ent_coef``; the trainer's
             :class:`~textgym_agents.ppo.core.EntropyController` steers it).
+        first_pass: The weights are still the rollout's (the first optimizer step of the
+            update): a turn without ``old_logps`` takes this pass's own, detached, so its
+            ratio is exactly 1 (``PPOConfig.score_in_update``). Otherwise such a turn is an
+            error.
+
+    Raises:
+        ValueError: A turn has no ``old_logps`` and this is not the first pass.
     """
     device = policy.device
+    if not first_pass and any(t.old_logps is None for t in turns):
+        raise ValueError(
+            "A turn has no old log-probs: score the batch (PPOTrainer.score) with the order "
+            "of the first epoch before optimising it"
+        )
     ent_coef = config.ent_coef if ent_coef is None else ent_coef
     critic = config.uses_critic  # critic-free: no value forward, no value loss
     scores = policy.score(
@@ -198,6 +212,8 @@ def micro_batch_loss(
     )
     old = torch.zeros_like(scores.logps)  # (B, T)
     for row, turn in enumerate(turns):
+        if turn.old_logps is None:  # first_pass
+            turn.old_logps = scores.logps[row, : turn.scored_tokens].detach().cpu()
         old[row, : turn.scored_tokens] = turn.old_logps.to(device)
     # Explored turns (config.explore_eps) were drawn from a mixture μ: weighted by π_old / μ.
     advantages = torch.tensor([t.advantage * behaviour_weight(t) for t in turns], device=device)
@@ -257,6 +273,8 @@ def minibatch_loss(
     minibatch_tokens: float,
     minibatch_turns: float,
     ent_coef: float | None = None,
+    *,
+    first_pass: bool = False,
 ) -> dict[str, float]:
     """:func:`micro_batch_loss` of each micro-batch of ``minibatch``; the summed statistics.
 
@@ -267,7 +285,13 @@ def minibatch_loss(
     for micro in minibatch:
         micro_turns = [turns[i] for i in micro]
         micro_stats = micro_batch_loss(
-            policy, config, micro_turns, minibatch_tokens, minibatch_turns, ent_coef
+            policy,
+            config,
+            micro_turns,
+            minibatch_tokens,
+            minibatch_turns,
+            ent_coef,
+            first_pass=first_pass,
         )
         for key, value in micro_stats.items():
             stats[key] = stats.get(key, 0.0) + value

@@ -209,14 +209,15 @@ class PPOTrainer:
         start = time.perf_counter()
         # One order for scoring and the first epoch: both then run the same forward passes.
         order = self._order(turns)
+        leave_first = self.config.score_in_update
         if self._advantages_need_scores:
-            self.score(turns, order)
+            self.score(turns, order, leave_first=leave_first)
             self.compute_advantages(buffer)
             trained, order = self._informative(turns, order)
         else:  # critic-free without a KL penalty: advantages from rewards alone, then score
             self.compute_advantages(buffer)
             trained, order = self._informative(turns, order)
-            self.score(trained, order)
+            self.score(trained, order, leave_first=leave_first)
         score_s = time.perf_counter() - start
         start = time.perf_counter()
         stats = self.optimise(trained, order)
@@ -243,7 +244,7 @@ class PPOTrainer:
         return metrics
 
     @torch.no_grad()
-    def score(self, turns: list[Turn], order: np.ndarray) -> None:
+    def score(self, turns: list[Turn], order: np.ndarray, *, leave_first: bool = False) -> None:
         """Fill in what the update needs from the rollout policy, the reference and the critic.
 
         Sets, per turn, ``old_logps`` (shape ``(scored_tokens,)``, CPU: log-probs under the
@@ -258,6 +259,11 @@ class PPOTrainer:
             turns: The buffer's turns (``buffer.turns()``).
             order: A permutation of ``range(len(turns))``, shape ``(N,)``: the minibatch order
                 of the first epoch, so scoring runs the same forward passes.
+            leave_first: Leave the turns of the first minibatch that the rollout did not score
+                to :meth:`optimise` with this ``order``: its first pass runs at these weights
+                and reads their old log-probs (their values, if the critic needs them, came
+                from the rollout, else they are scored here). No effect with a KL penalty.
+                :meth:`update` sets it from ``config.score_in_update``.
         """
         policy = self.policy
         # Turns the rollout scored (choices, same weights) keep their log-probs and values,
@@ -265,9 +271,21 @@ class PPOTrainer:
         # KL before any update is exactly 0.
         rescore = not self.config.reuse_rollout_scores or self._uses_kl
         critic = self.config.uses_critic  # critic-free: the value head is never run
-        for minibatch in self._minibatches(order, turns):
+        minibatches = list(self._minibatches(order, turns))
+        first = set()
+        if leave_first and not self._uses_kl and minibatches:
+            first = {i for micro in minibatches[0] for i in micro}
+
+        def needs_pass(turn: Turn, i: int) -> bool:
+            if critic and turn.value is None:
+                return True
+            if turn.old_logps is None:
+                return i not in first
+            return rescore
+
+        for minibatch in minibatches:
             for micro in minibatch:
-                todo = [i for i in micro if rescore or turns[i].old_logps is None]
+                todo = [i for i in micro if needs_pass(turns[i], i)]
                 if todo:
                     scores = policy.score(**score_inputs(turns, todo), values=critic)
                     for row, i in enumerate(todo):
@@ -304,7 +322,8 @@ class PPOTrainer:
                 buffer.compute_kl(config.kl_estimator)
             assign_critic_free(buffer.episodes(), config, beta, gather=self._gather_array)
             return
-        buffer.compute_advantages(beta, config.gamma, config.lam, config.kl_estimator)
+        kl_estimator = config.kl_estimator if self._uses_kl else None
+        buffer.compute_advantages(beta, config.gamma, config.lam, kl_estimator)
         all_turns = buffer.turns()
         if not config.whiten_advantages:
             return
@@ -342,8 +361,10 @@ class PPOTrainer:
         for epoch in range(config.num_epochs):
             epoch_order = order if epoch == 0 else self._order(turns)
             minibatches = list(self._minibatches(epoch_order, turns))
-            for minibatch in minibatches + [[]] * (steps - len(minibatches)):
-                step_stats = self._gradient(turns, minibatch, params)
+            for k, minibatch in enumerate(minibatches + [[]] * (steps - len(minibatches))):
+                # Still at the rollout's weights: turns not scored yet read their own old
+                # log-probs from this pass (config.score_in_update).
+                step_stats = self._gradient(turns, minibatch, params, first_pass=epoch == k == 0)
                 if skip_nonfinite_step(step_stats, self.optimizer, self.update_step + 1, epoch + 1):
                     skipped += 1
                     continue
@@ -422,7 +443,12 @@ class PPOTrainer:
         return chained_order(self.rng, turns)
 
     def _gradient(
-        self, turns: list[Turn], minibatch: list[list[int]], params: list[torch.Tensor]
+        self,
+        turns: list[Turn],
+        minibatch: list[list[int]],
+        params: list[torch.Tensor],
+        *,
+        first_pass: bool = False,
     ) -> dict[str, float]:
         """The clipped gradient of one minibatch (mean over every process's) and its stats."""
         self.optimizer.zero_grad(set_to_none=True)
@@ -430,7 +456,14 @@ class PPOTrainer:
         tokens = sum(turns[i].scored_tokens for micro in minibatch for i in micro)
         tokens, size = self.process.sum([tokens, sum(len(micro) for micro in minibatch)])
         step_stats = minibatch_loss(
-            self.policy, self.config, turns, minibatch, tokens, size, self.ent_ctl.value
+            self.policy,
+            self.config,
+            turns,
+            minibatch,
+            tokens,
+            size,
+            self.ent_ctl.value,
+            first_pass=first_pass,
         )
         keys = [k for k in STEP_STATS if self.config.uses_critic or not k.startswith(VALUE_STATS)]
         step_stats = self.process.sync_gradients(params, step_stats, keys)

@@ -30,7 +30,9 @@ __all__ = [
 
 def turn_table(turns: Sequence[Any]) -> torch.Tensor:
     """(N, 6) float64 rows of scored turns: invalid, reward, reply tokens, value, return, KL."""
-    rows = [[t.invalid, t.reward, len(t.response_ids), t.value, t.returns, t.kl] for t in turns]
+    rows = [
+        [t.invalid, t.reward, len(t.response_ids), t.value or 0.0, t.returns, t.kl] for t in turns
+    ]
     return torch.tensor(rows, dtype=torch.float64).reshape(len(rows), 6)
 
 
