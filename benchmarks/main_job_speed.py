@@ -6,14 +6,18 @@ prompt) with the settings `textgym train` picks (`PPOConfig.for_env`). They diff
 how many rows they run:
 
 - before: every turn is its own row in scoring and in the update (pack_turns=False), a
-          scoring pass runs every turn before the update (score_in_update=False), and
-          generation prefills its rows in one batch, padded to the longest;
+          scoring pass runs every turn before the update (score_in_update=False), every
+          generation call prefills its prompts in full (carry_caches=False), in one batch
+          padded to the longest, and its key/value cache grows by concatenation (a copy of
+          the whole cache at every decoding step);
 - now:    a turn whose prompt and reply begin another turn's prompt is read from that turn's
           row, minibatches keep such chains together (pack_turns=True, the default), the
           first minibatch's old log-probs come from the update's own first pass and the
-          critic's values from the rollout (score_in_update=True, the default), and
-          generation prefills rows of very different lengths one at a time
-          (shared_prefix.PREFILL_PADDING_MAX).
+          critic's values from the rollout (score_in_update=True, the default), a prompt
+          that continues a row of the last generation call runs only its new tokens
+          (carry_caches=True, the default), and generation prefills rows of very different
+          lengths one at a time (shared_prefix.PREFILL_PADDING_MAX) into a cache with room
+          kept for the reply (shared_prefix.growing_cache).
 
 The arms alternate update by update in one process (after one warm-up update each), so machine
 load drifts affect both alike, and each update samples with the same seed in both arms (they
@@ -30,10 +34,12 @@ from __future__ import annotations
 import argparse
 import resource
 import time
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import torch
+from transformers import DynamicCache
 
 import textgym  # noqa: F401
 from textgym_agents import PPOConfig, PPOPolicy, PPOTrainer
@@ -46,9 +52,23 @@ from textgym_agents.decoding.shared_prefix import (
 from textgym_agents.model.precision import cpu_signature
 from textgym_agents.ppo.steps import minibatches
 
-# Each arm: PPOConfig overrides, and the padding ratio above which rows are prefilled alone.
-BEFORE = {"pack_turns": False, "score_in_update": False}
-ARMS = {"before": (BEFORE, float("inf")), "now": ({}, PREFILL_PADDING_MAX)}
+BEFORE = {"pack_turns": False, "score_in_update": False, "carry_caches": False}
+
+
+def concatenating_cache(reserve: int, source: Any = None) -> Any:
+    """The cache generation used before ``growing_cache``: transformers' ``DynamicCache``."""
+    cache = DynamicCache()
+    for index, layer in enumerate(source.layers if source is not None else ()):
+        cache.update(layer.keys, layer.values, index)
+    return cache
+
+
+# Each arm: PPOConfig overrides, the padding ratio above which rows are prefilled alone, and
+# generation's cache.
+ARMS = {
+    "before": (BEFORE, float("inf"), concatenating_cache),
+    "now": ({}, PREFILL_PADDING_MAX, shared_prefix.growing_cache),
+}
 PHASES = ("time/rollout_s", "time/score_s", "time/update_s")
 
 
@@ -85,7 +105,7 @@ def main() -> None:
     totals = {name: dict.fromkeys(keys, 0.0) for name in ARMS}
     for update in range(args.updates + 1):
         for name, trainer in trainers.items():
-            shared_prefix.PREFILL_PADDING_MAX = ARMS[name][1]
+            _, shared_prefix.PREFILL_PADDING_MAX, shared_prefix.growing_cache = ARMS[name]
             torch.manual_seed(update)  # the same sampling seed for both arms
             turns, start = trainer.turns, time.perf_counter()
             buffer = trainer.collect()

@@ -10,7 +10,8 @@ files in :mod:`textgym_agents.runfiles.policy_files`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from textgym_agents.decoding.choices import check_choice_set, choice_token_ids
 from textgym_agents.decoding.constrained import GrammarCompiler, decoding_mode
 from textgym_agents.decoding.generation import Generation, generate_text
 from textgym_agents.decoding.scoring import PolicyScoring, Scores
+from textgym_agents.decoding.shared_prefix import CarriedCaches, continued_states
 from textgym_agents.model.adapters import ValueHead, attach_lora, hidden_size_of
 from textgym_agents.model.attention import use_gqa_attention
 from textgym_agents.model.loading import load_model, resolve_precision
@@ -101,6 +103,7 @@ class PPOPolicy(PolicyScoring):
         self._grammars: GrammarCompiler | None = None  # built on first constrained generation
         self._engine: Any = None  # config.rollout_engine="vllm": started on first generation
         self._warned_decoding = False  # _decoding's fallback is said once
+        self._carried: CarriedCaches | None = None  # set inside carrying_caches()
         self._learner = self.model.active_adapter  # the adapter a vLLM engine serves
         self.model.eval()  # no dropout: PPO's old and new log-probs must match
         if self.config.gqa_attention:
@@ -213,6 +216,10 @@ class PPOPolicy(PolicyScoring):
             grammar = compiler.mask(schemas, self._prefix_ids(), config.stop_strings, budget)  # type: ignore[arg-type]
         # The critic's values from this pass, so training need not score them again.
         critic = config.uses_critic and config.score_in_update
+        carried = self._carried
+        if carried is not None and carried.owner != self.model.active_adapter:
+            carried.clear()  # kept under another adapter (self-play snapshots)
+            carried.owner = self.model.active_adapter
         return generate_text(
             self.model,
             self.tokenizer,
@@ -223,7 +230,44 @@ class PPOPolicy(PolicyScoring):
             greedy=greedy,
             grammar=grammar,
             critic=(self._decoder(), self.value_head) if critic else None,
+            carried=carried,
         )
+
+    @torch.no_grad()
+    @in_decode_dtype
+    def carried_values(self, prompts: Sequence[list[int]]) -> list[float] | None:
+        """The critic's value of each prompt (token ids), run on the rows generation carries.
+
+        A prompt that continues a row of the last :meth:`generate` call (the next observation
+        of an unfinished episode) runs only its new tokens. Returns None outside
+        :meth:`carrying_caches` (:meth:`prompt_values` scores prompts anywhere).
+        """
+        carried = self._carried
+        if carried is None or carried.owner != self.model.active_adapter:
+            return None
+        if not prompts:
+            return []
+        states = continued_states(self._decoder(), prompts, carried)
+        return self.value_head(states).float().tolist()
+
+    @contextmanager
+    def carrying_caches(self) -> Iterator[None]:
+        """Inside, generation carries each row's key/value cache to the next call.
+
+        With ``config.carry_caches``, a prompt that continues a row of the previous
+        :meth:`generate` call (a conversation-keeping episode's next turn) is prefilled only
+        past the prefix that row already computed (:class:`~textgym_agents.decoding.
+        shared_prefix.CarriedCaches`). The weights must not change inside: training's rollout
+        uses it; the caches are dropped on exit. Without the setting it does nothing.
+        """
+        if not self.config.carry_caches or self._carried is not None:
+            yield
+            return
+        self._carried = CarriedCaches()
+        try:
+            yield
+        finally:
+            self._carried = None
 
     def _decoding(
         self,

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from textgym_agents.decoding.constrained import GrammarMask
-from textgym_agents.decoding.shared_prefix import generation_inputs
+from textgym_agents.decoding.shared_prefix import CACHE_KWARG, CarriedCaches, generation_inputs
 from textgym_agents.ppo.config import PPOConfig
 
 __all__ = ["Generation", "cut_reply", "generate_text", "last_prompt_states"]
@@ -54,6 +54,7 @@ def generate_text(
     greedy: bool = False,
     grammar: GrammarMask | None = None,
     critic: tuple[nn.Module, nn.Module] | None = None,
+    carried: CarriedCaches | None = None,
 ) -> Generation:
     """Sample (or greedily pick) one reply per prompt in one ``generate()`` call.
 
@@ -71,12 +72,16 @@ def generate_text(
         critic: The model's decoder and a value head: each prompt's value is read from the
             hidden state of its last token in ``generate()``'s first forward pass
             (``Generation.values``), as scoring would compute it up to rounding.
+        carried: The rows of the previous call: a prompt continuing one starts from its
+            cache; this call's rows replace them.
 
     Returns:
         The prompts, each row's reply tokens (up to EOS or a stop string) and texts.
     """
     pad = tokenizer.pad_token_id
-    input_ids, attention_mask, extra = generation_inputs(model, prompts, pad=pad)
+    input_ids, attention_mask, extra = generation_inputs(
+        model, prompts, pad=pad, reserve=max_new_tokens, carried=carried
+    )
     if grammar is not None:  # stop strings end a reply only where the grammar accepts
         extra["logits_processor"] = [grammar]
     elif config.stop_strings:
@@ -93,15 +98,20 @@ def generate_text(
             pad_token_id=pad,
             eos_token_id=sorted(eos_ids),
             use_cache=True,
+            return_dict_in_generate=carried is not None,
             **sampling,
             **extra,
         )
-    rows = [row[input_ids.shape[1] :].tolist() for row in output.cpu()]
+    sequences = output if carried is None else output.sequences
+    rows = [row[input_ids.shape[1] :].tolist() for row in sequences.cpu()]
 
     def cut(tokens: list[int]) -> list[int]:
         return cut_reply(tokens, tokenizer, eos_ids, config.stop_strings)
 
     responses = grammar.replies(rows, cut) if grammar is not None else [cut(r) for r in rows]
+    if carried is not None:  # what each row ran: its generated tokens up to its reply's end
+        ran = [row[: len(response)] for row, response in zip(rows, responses, strict=True)]
+        carried.keep(prompts, ran, getattr(output, CACHE_KWARG), attention_mask)
     texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
     prefix = config.reply_prefix
     values = critic[1](states[0]).float().tolist() if critic else None  # type: ignore[index]

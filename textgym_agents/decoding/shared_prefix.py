@@ -14,18 +14,22 @@ from typing import Any
 import torch
 import transformers
 from torch import nn
+from transformers.cache_utils import DynamicLayer
 
 __all__ = [
     "CACHE_KWARG",
+    "CarriedCaches",
     "RowsPass",
     "continue_tree",
     "run_rows",
     "SHARED_PREFIX_MIN",
     "common_prefix_length",
     "containing_rows",
+    "continued_states",
     "decoder_hidden_states",
     "fork_cache",
     "generation_inputs",
+    "growing_cache",
     "prefix_cache",
     "shared_length",
 ]
@@ -215,14 +219,159 @@ def continue_tree(
     return output.last_hidden_state, starts
 
 
+class GrowingLayer(DynamicLayer):
+    """A ``DynamicLayer`` that writes new keys and values into room kept free at its end.
+
+    ``DynamicLayer`` concatenates at every update, copying the whole cache at every decoding
+    step (18% of a batch-16 step on the calculator's prompts, docs/performance.md); this one
+    allocates its length plus ``reserve`` positions once and writes each step in place, so
+    ``keys``/``values`` are views of the filled part (same numbers). Only for generation:
+    forks of it would share the buffer, so :func:`fork_cache` takes ``DynamicLayer`` caches.
+    """
+
+    def __init__(self, reserve: int = 0) -> None:
+        super().__init__()
+        self.reserve = reserve
+        self.buffers: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the new states after the filled part; return views of all of it."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        filled = self.get_seq_length()
+        length = filled + key_states.shape[-2]
+        if self.buffers is None or length > self.buffers[0].shape[-2]:
+            room = length + self.reserve
+            self.buffers = tuple(  # type: ignore[assignment]
+                new.new_empty((*new.shape[:2], room, new.shape[-1]))
+                for new in (key_states, value_states)
+            )
+            if filled:
+                self.buffers[0][:, :, :filled] = self.keys  # type: ignore[index]
+                self.buffers[1][:, :, :filled] = self.values  # type: ignore[index]
+        keys, values = self.buffers  # type: ignore[misc]
+        keys[:, :, filled:length] = key_states
+        values[:, :, filled:length] = value_states
+        self.keys, self.values = keys[:, :, :length], values[:, :, :length]
+        return self.keys, self.values
+
+
+def growing_cache(reserve: int, source: Any = None) -> Any:
+    """A cache of :class:`GrowingLayer` objects with room for ``reserve`` more positions.
+
+    With ``source`` (a ``DynamicCache``), it starts from a copy of its keys and values.
+    """
+    cache = transformers.DynamicCache()
+    cache.layer_class_to_replicate = lambda: GrowingLayer(reserve)
+    for index, layer in enumerate(source.layers if source is not None else ()):
+        cache.update(layer.keys, layer.values, index)
+    return cache
+
+
+class CarriedCaches:
+    """The key/value cache of each row of the last generation call, for prompts continuing it.
+
+    In an episode whose prompts keep the conversation, a turn's prompt begins with the
+    previous turn's prompt and reply. After a call, :meth:`keep` stores each row's cache
+    (batch 1, its prompt and reply tokens); the next call starts each prompt from the kept
+    row that shares the longest prefix with it and computes only the tokens past that prefix
+    (:func:`generation_inputs`). Only the last call's rows are kept, so memory is bounded by
+    one batch of caches. A cache is valid for the weights (and adapter) that computed it:
+    :meth:`clear` once they change.
+    """
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[list[int], Any]] = []
+        self.owner: Any = None  # what computed the rows (the policy's adapter name)
+
+    def clear(self) -> None:
+        """Forget every kept row."""
+        self.rows = []
+
+    def find(self, prompt: Sequence[int]) -> tuple[int, Any]:
+        """The longest prefix of ``prompt[:-1]`` a kept row holds, and that row's cache.
+
+        The prompt's last token is left out: generation runs it to sample the first reply
+        token. Returns ``(0, None)`` when no row shares a token.
+        """
+        best, found = 0, None
+        for tokens, cache in self.rows:
+            n = common_prefix_length([tokens, prompt[:-1]]) if prompt[:-1] else 0
+            if n > best:
+                best, found = n, cache
+        return best, found
+
+    def keep(
+        self,
+        prompts: Sequence[Sequence[int]],
+        responses: Sequence[Sequence[int]],
+        cache: Any,
+        attention_mask: torch.Tensor,
+    ) -> None:
+        """Keep each row of a finished ``generate()`` call, replacing the rows kept before.
+
+        Args:
+            prompts: Each row's prompt tokens.
+            responses: Each row's reply tokens (a prefix of what it generated).
+            cache: ``generate()``'s final cache: the prompt columns of ``attention_mask``,
+                then one column per generated token but the last (which was never run).
+            attention_mask: (B, W) the prompts' layout (1 where a row has a token).
+        """
+        width = attention_mask.shape[1]
+        rows = []
+        for b, (prompt, response) in enumerate(zip(prompts, responses, strict=True)):
+            fed = max(0, min(len(response) - 1, cache.get_seq_length() - width))
+            columns = torch.cat(
+                [attention_mask[b].nonzero().flatten().cpu(), torch.arange(width, width + fed)]
+            ).to(attention_mask.device)
+            row = transformers.DynamicCache()
+            for layer, part in enumerate(cache.layers):
+                keys = part.keys[b : b + 1].index_select(2, columns)
+                row.update(keys, part.values[b : b + 1].index_select(2, columns), layer)
+            rows.append((list(prompt) + list(response[:fed]), row))
+        self.rows = rows
+
+
+def continued_states(
+    decoder: nn.Module, prompts: Sequence[Sequence[int]], carried: CarriedCaches
+) -> torch.Tensor:
+    """(B, H) final hidden state of each prompt's last token, run on a carried row's cache.
+
+    Each prompt runs alone, only past the prefix its best kept row holds (the whole prompt
+    when none shares a token); the kept rows are not changed.
+    """
+    device = next(decoder.parameters()).device
+    states = []
+    for prompt in prompts:
+        start, kept = carried.find(prompt)
+        cache = fork_cache(kept, start) if kept is not None else transformers.DynamicCache()
+        output = decoder(
+            input_ids=torch.tensor([list(prompt[start:])], device=device),
+            position_ids=torch.arange(start, len(prompt), device=device)[None],
+            use_cache=True,
+            **{CACHE_KWARG: cache},
+        )
+        states.append(output.last_hidden_state[0, -1])
+    return torch.stack(states)
+
+
 def generation_inputs(
-    model: nn.Module, prompts: Sequence[Sequence[int]], *, pad: int
+    model: nn.Module,
+    prompts: Sequence[Sequence[int]],
+    *,
+    pad: int,
+    reserve: int = 0,
+    carried: CarriedCaches | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
     """``input_ids``, ``attention_mask`` and extra ``generate()`` kwargs for a batch.
 
     Rows are laid out as ``[shared | left padding | own tokens]``; ``generate()`` derives
     positions from the attention mask, so the gap is invisible, and the shared part comes
-    from a cache computed once.
+    from a cache computed once. With ``carried``, a prompt that shares the shared part (or
+    more) with a row of the last call starts from that row's cache.
+    The cache (a :func:`growing_cache`) has room for ``reserve`` generated tokens.
     """
     shared = shared_length(prompts, min(len(p) for p in prompts) - 1)
     width = shared + max(len(p) - shared for p in prompts)
@@ -237,43 +386,65 @@ def generation_inputs(
     device = next(model.parameters()).device
     extra: dict[str, Any] = {}
     own = [len(p) - shared for p in prompts]
-    if len(prompts) > 1 and len(prompts) * max(own) >= PREFILL_PADDING_MAX * sum(own):
-        extra[CACHE_KWARG] = _prefill_rows(model, prompts, shared, width, device)
+    starts = [carried.find(p) if carried else (0, None) for p in prompts]
+    # A kept row that holds the shared part (or more) saves running it again.
+    starts = [(n, cache) if n and n >= shared else (0, None) for n, cache in starts]
+    continued = any(cache is not None for _, cache in starts)
+    if continued or (
+        len(prompts) > 1 and len(prompts) * max(own) >= PREFILL_PADDING_MAX * sum(own)
+    ):
+        cache = _prefill_rows(model, prompts, shared, width, device, starts)
     elif shared:
-        extra[CACHE_KWARG] = prefix_cache(model, prompts[0][:shared], len(prompts), device)
+        cache = prefix_cache(model, prompts[0][:shared], len(prompts), device)
+    else:
+        cache = None
+    cached = cache.get_seq_length() if cache is not None else 0
+    extra[CACHE_KWARG] = growing_cache(width - cached + reserve, cache)
     return input_ids.to(device), attention_mask.to(device), extra
 
 
 def _prefill_rows(
-    model: nn.Module, prompts: Sequence[Sequence[int]], shared: int, width: int, device: Any
+    model: nn.Module,
+    prompts: Sequence[Sequence[int]],
+    shared: int,
+    width: int,
+    device: Any,
+    starts: Sequence[tuple[int, Any]],
 ) -> Any:
     """The cache of ``[shared | left padding | own tokens but the last]``, one row at a time.
 
     Rows whose own tokens differ in length would be padded to the longest in one batched
-    prefill; run alone, each computes only its own tokens (on a fork of the shared prefix's
-    cache). The cache covers every column but the last, which ``generate()`` then runs for
-    all rows. Padding columns hold zeros (the attention mask hides them).
+    prefill; run alone, each computes only its own tokens, on a fork of the shared prefix's
+    cache or, where ``starts[b]`` is ``(n, cache)``, on the first ``n`` positions of a carried
+    row's cache (:class:`CarriedCaches`). The result covers every column but the last, which
+    ``generate()`` then runs for all rows. Padding columns hold zeros (the attention mask
+    hides them).
     """
     from transformers import DynamicCache
 
-    prefix = _extend(model, DynamicCache(), prompts[0][:shared], 0, device)
-    rows = [
-        _extend(model, fork_cache(prefix), prompt[shared:-1], shared, device)
-        if len(prompt) - shared > 1
-        else None
-        for prompt in prompts
-    ]
-    source = next(c for c in (prefix, *rows) if c is not None and c.layers)
+    prefix = None
+    if shared and any(cache is None for _, cache in starts):
+        prefix = _extend(model, DynamicCache(), prompts[0][:shared], 0, device)
+    rows = []
+    for prompt, (start, carried) in zip(prompts, starts, strict=True):
+        if carried is not None:
+            row = fork_cache(carried, start)
+        else:
+            start, row = shared, fork_cache(prefix) if prefix is not None else DynamicCache()
+        rows.append(_extend(model, row, prompt[start:-1], start, device))
+    source = next((c for c in rows if c.layers), None)
+    if source is None:  # every prompt is a single token: nothing to cache
+        return None
     columns, cache = width - 1, DynamicCache()
 
     def padded(layer: int, kind: str) -> torch.Tensor:
         like = getattr(source.layers[layer], kind)
         full = like.new_zeros((len(prompts), like.shape[1], columns, like.shape[3]))
-        if shared:
-            full[:, :, :shared] = getattr(prefix.layers[layer], kind)
         for b, row in enumerate(rows):
-            if row is not None:
-                own = getattr(row.layers[layer], kind)[0, :, shared:]
+            if row.layers:  # positions [0, len(prompt) - 1): the shared part, then its own
+                kept = getattr(row.layers[layer], kind)[0]
+                full[b, :, :shared] = kept[:, :shared]
+                own = kept[:, shared:]
                 full[b, :, columns - own.shape[1] :] = own
         return full
 
@@ -292,12 +463,16 @@ def _extend(model: nn.Module, cache: Any, tokens: Sequence[int], start: int, dev
     return cache
 
 
-def fork_cache(cache: Any) -> Any:
+def fork_cache(cache: Any, length: int | None = None) -> Any:
     """A copy of a ``DynamicCache`` whose layers can be extended without changing ``cache``.
 
     Its layers replace their key/value tensors when extended (``torch.cat``), so copying
-    the layer objects is enough: the tensors themselves are shared, not copied.
+    the layer objects is enough: the tensors themselves are shared, not copied. With
+    ``length``, the copy holds the first ``length`` positions only.
     """
     fork = copy.copy(cache)
     fork.layers = [copy.copy(layer) for layer in cache.layers]
+    if length is not None:
+        for layer in fork.layers:
+            layer.keys, layer.values = layer.keys[:, :, :length], layer.values[:, :, :length]
     return fork

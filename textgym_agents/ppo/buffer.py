@@ -78,7 +78,7 @@ class Turn:
     old_logps: torch.Tensor | None = None
     ref_logps: torch.Tensor | None = None
     value: float | None = None
-    bootstrap_value: float = 0.0
+    bootstrap_value: float | None = None  # None: not set (0.0 wherever it is read)
     # Filled by GAE.
     advantage: float = 0.0
     returns: float = 0.0
@@ -192,7 +192,9 @@ class RolloutBuffer:
             values = torch.tensor([t.value for t in turns])
             next_values = torch.tensor(
                 [
-                    turns[k + 1].value if k + 1 < len(turns) and not t.done else t.bootstrap_value
+                    turns[k + 1].value
+                    if k + 1 < len(turns) and not t.done
+                    else (t.bootstrap_value or 0.0)  # unset where terminated: never read
                     for k, t in enumerate(turns)
                 ]
             )

@@ -108,6 +108,13 @@ class PPOConfig:
         "episode instead of one per turn; the same log-probs up to rounding), and keep such "
         "turns together in minibatches. False gives every turn its own row.",
     )
+    carry_caches: bool = _help(
+        True,
+        "Rollouts: keep each row's key/value cache after a generation call and prefill the "
+        "next call's prompt only past the longest prefix it shares with a kept row (an "
+        "episode whose prompts keep the conversation then runs each turn's new tokens only). "
+        "Memory: one batch of caches. False prefills every prompt from its shared prefix.",
+    )
     score_in_update: bool = _help(
         True,
         "Skip scoring before the update where the update computes the same numbers: turns of "

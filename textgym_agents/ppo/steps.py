@@ -299,8 +299,11 @@ def minibatch_loss(
 
 
 def bootstrap_values(policy: Any, turns: list[Turn], micro_batch_size: int) -> None:
-    """Set ``bootstrap_value`` of the turns that have ``bootstrap_ids`` (the critic's value)."""
-    pending = [t for t in turns if t.bootstrap_ids is not None]
+    """Set ``bootstrap_value`` of the turns that have ``bootstrap_ids`` (the critic's value).
+
+    Turns whose value the rollout already computed (``PPOConfig.score_in_update``) keep it.
+    """
+    pending = [t for t in turns if t.bootstrap_ids is not None and t.bootstrap_value is None]
     for start in range(0, len(pending), micro_batch_size):
         chunk = pending[start : start + micro_batch_size]
         values = policy.prompt_values([t.bootstrap_ids for t in chunk])

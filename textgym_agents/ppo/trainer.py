@@ -185,7 +185,15 @@ class PPOTrainer:
         if self.collector is None:
             raise ValueError("This trainer has no envs; fill a RolloutBuffer and call update()")
         buffer = buffer if buffer is not None else RolloutBuffer()
-        self.collector.collect(self.policy, self.config.num_steps, buffer)
+        with self.policy.carrying_caches():  # the weights stay put during a rollout
+            self.collector.collect(self.policy, self.config.num_steps, buffer)
+            if self.config.uses_critic and self.config.score_in_update:
+                # Unfinished episodes' next prompts continue the rows generation just ran.
+                cut = [t for t in buffer.turns() if t.bootstrap_ids and t.bootstrap_value is None]
+                values = self.policy.carried_values([t.bootstrap_ids for t in cut])
+                if values is not None:
+                    for turn, value in zip(cut, values, strict=True):
+                        turn.bootstrap_value = value
         return buffer
 
     # --- update: score → compute_advantages → optimise ----------------------------------------

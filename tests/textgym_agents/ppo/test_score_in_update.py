@@ -91,8 +91,10 @@ def test_turns_with_rollout_values_are_not_scored_before_the_update():
     buffer = trainer.collect()
     assert all(turn.value is not None for turn in buffer.turns())
     rows = scored_rows(policy)
+    valued = []
+    policy.prompt_values = lambda prompts: valued.append(prompts)  # must not be needed
     trainer.update(buffer)
-    assert sum(rows) == 0
+    assert sum(rows) == 0 and not valued
 
 
 @pytest.mark.parametrize("env_id", ["textgym/Calculator-v0", "textgym/Blackjack-v1"])
@@ -110,6 +112,12 @@ def test_rollout_values_are_the_values_scoring_computes(env_id):
         ).values
     assert rollout.abs().max() > 1e-3
     torch.testing.assert_close(rollout, scored.cpu(), atol=1e-4, rtol=1e-4)
+    # The unfinished episodes' next prompts were valued on the rows the rollout carried.
+    cut = [turn for turn in turns if turn.bootstrap_ids is not None]
+    assert cut and all(turn.bootstrap_value is not None for turn in cut)
+    expected = policy.prompt_values([turn.bootstrap_ids for turn in cut]).cpu()
+    got = torch.tensor([turn.bootstrap_value for turn in cut])
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
 
 
 def test_rollouts_compute_no_values_without_the_switch_or_a_critic():
