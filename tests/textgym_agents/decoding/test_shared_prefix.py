@@ -118,3 +118,24 @@ def test_carry_caches_false_runs_every_prompt_in_full(policy):
     policy.generate(second, greedy=True)
     handle.remove()
     assert sum(counts) == sum(counts_plain)
+
+
+def test_an_evaluation_carries_caches_and_plays_the_same_episodes():
+    import gymnasium as gym
+
+    import textgym  # noqa: F401
+    from textgym_agents import evaluate
+
+    results, tokens = [], []
+    for carry in (True, False):
+        policy = PPOPolicy(*tiny_model(), config=PPOConfig(max_new_tokens=6, carry_caches=carry))
+        counts, handle = tokens_run(policy)
+        env = gym.make("textgym/Calculator-v0")
+        results.append(evaluate(policy, env, 3, num_envs=3, seed=5))
+        handle.remove()
+        tokens.append(sum(counts))
+    carried, plain = results
+    played = [[(e.episode_return, e.length) for e in r.episodes] for r in results]
+    assert played[0] == played[1]
+    assert max(e.length for e in plain.episodes) > 1  # multi-turn: something to carry
+    assert tokens[0] < tokens[1]
