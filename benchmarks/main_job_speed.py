@@ -100,7 +100,7 @@ def main() -> None:
     parser.add_argument("--num-envs", type=int, default=8)
     parser.add_argument("--env", default="textgym/Calculator-v0")
     args = parser.parse_args()
-    trainers = {name: make_trainer(args.env, args.num_envs, o) for name, (o, _) in ARMS.items()}
+    trainers = {name: make_trainer(args.env, args.num_envs, o) for name, (o, *_) in ARMS.items()}
     keys = (*PHASES, "seconds", "turns", "tokens")
     totals = {name: dict.fromkeys(keys, 0.0) for name in ARMS}
     for update in range(args.updates + 1):
