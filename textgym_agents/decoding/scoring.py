@@ -11,7 +11,8 @@ renormalised over the tokens the grammar allowed. :class:`PolicyScoring` is the 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -22,12 +23,14 @@ from torch.utils.checkpoint import checkpoint
 from textgym_agents.decoding.choices import ChoiceScores, merge_rows, score_choices
 from textgym_agents.decoding.constrained import allowed_tokens, mask_logits
 from textgym_agents.decoding.shared_prefix import (
+    PrefixPass,
     RowsPass,
     containing_rows,
     continue_tree,
     decoder_hidden_states,
     fork_cache,
     run_rows,
+    shared_length,
 )
 from textgym_agents.model.precision import in_compute_dtype
 from textgym_agents.ppo.core import entropy, logprobs_from_logits
@@ -55,6 +58,7 @@ class PolicyScoring:
     tokenizer: Any
     value_head: nn.Module
     config: Any
+    _prefix_pass: PrefixPass | None = None  # set inside sharing_prefix()
 
     @property
     def device(self) -> torch.device:
@@ -84,10 +88,15 @@ class PolicyScoring:
         flow when called outside ``torch.no_grad()``.
         """
         if not adapter:
-            with self.model.disable_adapter():
-                return self.score(
-                    prompts, responses, choices=choices, values=False, with_entropy=with_entropy
-                )
+            # The base model: a prefix computed with the adapter is not its prefix.
+            shared, self._prefix_pass = self._prefix_pass, None
+            try:
+                with self.model.disable_adapter():
+                    return self.score(
+                        prompts, responses, choices=choices, values=False, with_entropy=with_entropy
+                    )
+            finally:
+                self._prefix_pass = shared
         picked = [b for b in range(len(prompts)) if choices is not None and choices[b] is not None]
         if not picked:
             return self._score_tokens(prompts, responses, values, with_entropy)
@@ -146,7 +155,13 @@ class PolicyScoring:
     def _choice_prompts(self, prompts: Sequence[list[int]]) -> tuple[RowsPass, torch.Tensor]:
         """Run the prompts (their shared prefix once): the pass and each one's last hidden state."""
         decoder, pad = self._decoder(), self.tokenizer.pad_token_id
-        first = run_rows(decoder, prompts, pad=pad, max_shared=min(len(p) for p in prompts) - 1)
+        first = run_rows(
+            decoder,
+            prompts,
+            pad=pad,
+            max_shared=min(len(p) for p in prompts) - 1,
+            prefix=self._prefix_pass,
+        )
         last = torch.tensor([len(p) - 1 - first.offset for p in prompts], device=self.device)
         return first, first.hidden[torch.arange(len(prompts), device=self.device), last]
 
@@ -300,7 +315,31 @@ class PolicyScoring:
         # The decoder alone: logits are computed for reply positions only, not the whole
         # sequence, which saves a (B, L, vocab) tensor per forward.
         pad = self.tokenizer.pad_token_id
-        return decoder_hidden_states(self._decoder(), sequences, pad=pad, max_shared=max_shared)
+        return decoder_hidden_states(
+            self._decoder(), sequences, pad=pad, max_shared=max_shared, prefix=self._prefix_pass
+        )
+
+    @contextmanager
+    def sharing_prefix(self, prompts: Sequence[list[int]]) -> Iterator[PrefixPass | None]:
+        """Inside, passes over rows that start with ``prompts``' shared prefix run it once.
+
+        The prefix (see :func:`~textgym_agents.decoding.shared_prefix.shared_length`, at most
+        the shortest prompt but its last token) is computed on the first pass that uses it;
+        every pass of :meth:`score` and :meth:`score_choices` over rows that start with it
+        reuses it (the reference model, ``adapter=False``, runs its own). Under gradients, call
+        the yielded :class:`~textgym_agents.decoding.shared_prefix.PrefixPass`'s ``backward()``
+        after the passes' own backward passes and before the optimizer step. Yields None (and
+        changes nothing) when the prompts share no prefix worth it.
+        """
+        shared = shared_length(prompts, min(len(p) for p in prompts) - 1) if prompts else 0
+        if not shared or self._prefix_pass is not None:
+            yield None
+            return
+        self._prefix_pass = PrefixPass(prompts[0][:shared])
+        try:
+            yield self._prefix_pass
+        finally:
+            self._prefix_pass = None
 
     def trainable_parameters(self) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
         """(LoRA parameters, value-head parameters)."""

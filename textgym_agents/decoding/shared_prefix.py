@@ -19,6 +19,7 @@ from transformers.cache_utils import DynamicLayer
 __all__ = [
     "CACHE_KWARG",
     "CarriedCaches",
+    "PrefixPass",
     "RowsPass",
     "continue_tree",
     "run_rows",
@@ -97,6 +98,53 @@ def prefix_cache(model: nn.Module, prefix: Sequence[int], batch: int, device: An
     return cache
 
 
+class PrefixPass:
+    """A prefix every row of a minibatch starts with, run once for all of its forward passes.
+
+    Training splits a minibatch into passes (micro-batches), and each would run the rows'
+    shared prefix (the system prompt) again, forward and backward. A :func:`run_rows` given
+    this object takes the prefix's keys and values from it instead: they are computed on first
+    use, every pass repeats them for its rows as leaves of its own graph, and
+    :meth:`backward` sends the gradients the passes left on those leaves through the prefix's
+    computation once. The numbers are those of a pass that runs the prefix itself.
+    """
+
+    def __init__(self, tokens: Sequence[int]) -> None:
+        self.tokens = list(tokens)
+        self.computed: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.leaves: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def cache(self, decoder: nn.Module, batch: int, device: Any) -> Any:
+        """A cache of the prefix for ``batch`` rows (differentiable up to the leaves)."""
+        if not self.computed:
+            output = decoder(input_ids=torch.tensor([self.tokens], device=device), use_cache=True)
+            layers = getattr(output, CACHE_KWARG).layers
+            self.computed = [(layer.keys, layer.values) for layer in layers]
+            self.leaves = [
+                (
+                    k.detach().requires_grad_(k.requires_grad),
+                    v.detach().requires_grad_(v.requires_grad),
+                )
+                for k, v in self.computed
+            ]
+        cache = transformers.DynamicCache()
+        for index, (keys, values) in enumerate(self.leaves):
+            cache.update(keys.expand(batch, -1, -1, -1), values.expand(batch, -1, -1, -1), index)
+        return cache
+
+    def backward(self) -> None:
+        """Back-propagate the gradients the passes left on the prefix's keys and values."""
+        pairs = [
+            (tensor, leaf.grad)
+            for computed, leaves in zip(self.computed, self.leaves, strict=True)
+            for tensor, leaf in zip(computed, leaves, strict=True)
+            if leaf.grad is not None
+        ]
+        if pairs:
+            torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
+        self.computed, self.leaves = [], []
+
+
 @dataclass
 class RowsPass:
     """Output of :func:`run_rows`: hidden states, and what a continuation pass needs.
@@ -121,16 +169,24 @@ def run_rows(
     pad: int,
     max_shared: int,
     keep_cache: bool = True,
+    prefix: PrefixPass | None = None,
 ) -> RowsPass:
     """Run right-padded ``sequences`` through ``decoder``, their shared prefix once.
 
     The shared prefix (see :func:`shared_length`) runs once and its cache serves every row;
-    gradients flow through it, so training uses this path too. Right padding keeps position
-    ids equal to those of the unpadded sequences. Without ``keep_cache`` (and without a
-    shared prefix) no cache is built and ``cache`` is None.
+    gradients flow through it, so training uses this path too. Where every sequence starts
+    with ``prefix``'s tokens (at most ``max_shared`` of them), that prefix is the shared part
+    and its cache comes from ``prefix``. Right padding keeps position ids equal to those of
+    the unpadded sequences. Without ``keep_cache`` (and without a shared prefix) no cache is
+    built and ``cache`` is None.
     """
     device = next(decoder.parameters()).device
-    shared = shared_length(sequences, max_shared)
+    given = len(prefix.tokens) if prefix is not None else 0
+    if given and (
+        given > max_shared or any(list(seq[:given]) != prefix.tokens for seq in sequences)  # type: ignore[union-attr]
+    ):
+        given = 0
+    shared = given or shared_length(sequences, max_shared)
     rows = [list(seq[shared:]) for seq in sequences]
     width = max(len(r) for r in rows)
     input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
@@ -142,7 +198,10 @@ def run_rows(
     attention_mask = attention_mask.to(device)
     kwargs: dict[str, Any] = {"use_cache": keep_cache or shared > 0}
     if shared:
-        cache = prefix_cache(decoder, sequences[0][:shared], len(rows), device)
+        if given:
+            cache = prefix.cache(decoder, len(rows), device)  # type: ignore[union-attr]
+        else:
+            cache = prefix_cache(decoder, sequences[0][:shared], len(rows), device)
         positions = torch.arange(shared, shared + width, device=device).expand(len(rows), -1)
         kwargs.update({CACHE_KWARG: cache, "position_ids": positions})
     output = decoder(input_ids=input_ids.to(device), attention_mask=attention_mask, **kwargs)
@@ -151,14 +210,21 @@ def run_rows(
 
 
 def decoder_hidden_states(
-    decoder: nn.Module, sequences: Sequence[Sequence[int]], *, pad: int, max_shared: int
+    decoder: nn.Module,
+    sequences: Sequence[Sequence[int]],
+    *,
+    pad: int,
+    max_shared: int,
+    prefix: PrefixPass | None = None,
 ) -> tuple[torch.Tensor, int]:
     """Final hidden states of right-padded ``sequences``, and the offset of their first column.
 
     See :func:`run_rows`; column ``j`` of the result is position ``offset + j`` of every
     sequence.
     """
-    result = run_rows(decoder, sequences, pad=pad, max_shared=max_shared, keep_cache=False)
+    result = run_rows(
+        decoder, sequences, pad=pad, max_shared=max_shared, keep_cache=False, prefix=prefix
+    )
     return result.hidden, result.offset
 
 

@@ -282,19 +282,23 @@ def minibatch_loss(
     ran out of turns) returns ``{}`` and leaves them untouched.
     """
     stats: dict[str, float] = {}
-    for micro in minibatch:
-        micro_turns = [turns[i] for i in micro]
-        micro_stats = micro_batch_loss(
-            policy,
-            config,
-            micro_turns,
-            minibatch_tokens,
-            minibatch_turns,
-            ent_coef,
-            first_pass=first_pass,
-        )
-        for key, value in micro_stats.items():
-            stats[key] = stats.get(key, 0.0) + value
+    # The rows' shared prefix (the system prompt) runs once for all micro-batches.
+    with policy.sharing_prefix([turns[i].prompt_ids for m in minibatch for i in m]) as prefix:
+        for micro in minibatch:
+            micro_turns = [turns[i] for i in micro]
+            micro_stats = micro_batch_loss(
+                policy,
+                config,
+                micro_turns,
+                minibatch_tokens,
+                minibatch_turns,
+                ent_coef,
+                first_pass=first_pass,
+            )
+            for key, value in micro_stats.items():
+                stats[key] = stats.get(key, 0.0) + value
+        if prefix is not None:
+            prefix.backward()
     return stats
 
 

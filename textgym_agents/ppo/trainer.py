@@ -292,24 +292,37 @@ class PPOTrainer:
             return rescore
 
         for minibatch in minibatches:
-            for micro in minibatch:
-                todo = [i for i in micro if needs_pass(turns[i], i)]
-                if todo:
-                    scores = policy.score(**score_inputs(turns, todo), values=critic)
-                    for row, i in enumerate(todo):
-                        turns[i].old_logps = scores.logps[row, : turns[i].scored_tokens].cpu()
-                        if critic:
-                            turns[i].value = float(scores.values[row])
-                # Without a KL penalty the reference is never used: skip its forward pass.
-                if not self._uses_kl:
-                    for i in micro:
-                        turns[i].ref_logps = turns[i].old_logps
-                    continue
-                ref = policy.score(**score_inputs(turns, micro), adapter=False)
-                for row, i in enumerate(micro):
-                    turns[i].ref_logps = ref.logps[row, : turns[i].scored_tokens].cpu()
+            # As in the update: the minibatch's shared prefix runs once (the same layout).
+            with policy.sharing_prefix([turns[i].prompt_ids for m in minibatch for i in m]):
+                self._score_minibatch(turns, minibatch, needs_pass, critic)
         if critic:
             bootstrap_values(policy, turns, self.config.micro_batch_size)
+
+    def _score_minibatch(
+        self,
+        turns: list[Turn],
+        minibatch: list[list[int]],
+        needs_pass: Callable[[Turn, int], bool],
+        critic: bool,
+    ) -> None:
+        """:meth:`score` of one minibatch's micro-batches (the turns ``needs_pass`` names)."""
+        policy = self.policy
+        for micro in minibatch:
+            todo = [i for i in micro if needs_pass(turns[i], i)]
+            if todo:
+                scores = policy.score(**score_inputs(turns, todo), values=critic)
+                for row, i in enumerate(todo):
+                    turns[i].old_logps = scores.logps[row, : turns[i].scored_tokens].cpu()
+                    if critic:
+                        turns[i].value = float(scores.values[row])
+            # Without a KL penalty the reference is never used: skip its forward pass.
+            if not self._uses_kl:
+                for i in micro:
+                    turns[i].ref_logps = turns[i].old_logps
+                continue
+            ref = policy.score(**score_inputs(turns, micro), adapter=False)
+            for row, i in enumerate(micro):
+                turns[i].ref_logps = ref.logps[row, : turns[i].scored_tokens].cpu()
 
     def compute_advantages(self, buffer: RolloutBuffer) -> None:
         """Advantages of the scored buffer; sets each turn's ``kl``, ``advantage``, ``returns``.

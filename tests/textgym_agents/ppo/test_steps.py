@@ -1,3 +1,5 @@
+from contextlib import nullcontext
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -73,3 +75,41 @@ def test_micro_batch_tokens_is_checked():
     with pytest.raises(ValueError, match="micro_batch_tokens"):
         PPOConfig(micro_batch_tokens=0)
     assert PPOConfig(micro_batch_tokens=512).micro_batch_tokens == 512
+
+
+def test_a_minibatchs_shared_prefix_runs_once_with_the_same_gradient(monkeypatch):
+    from textgym_agents.decoding.scoring import PolicyScoring
+
+    config = PPOConfig(minibatch_size=10, micro_batch_size=2, advantage_estimator="reinforce")
+    policy = PPOPolicy(*tiny_model(), config=config)
+    turns = turns_of([5, 60, 12, 33, 2, 9])
+    for k, turn in enumerate(turns):
+        turn.advantage = float(k - 2)
+    layout = next(minibatches(np.arange(len(turns)), turns, 10, 2))
+    assert len(layout) == 3
+    tokens = sum(turn.scored_tokens for turn in turns)
+    params = [p for p in policy.model.parameters() if p.requires_grad]
+    prefix_runs = []
+    decoder = policy._decoder()
+    handle = decoder.register_forward_pre_hook(
+        lambda m, args, kwargs: prefix_runs.append(kwargs["input_ids"].shape[1] == len(SHARED)),
+        with_kwargs=True,
+    )
+
+    def gradient():
+        for p in params:
+            p.grad = None
+        for turn in turns:
+            turn.old_logps = None
+        prefix_runs.clear()
+        minibatch_loss(policy, config, turns, layout, tokens, len(turns), first_pass=True)
+        return [p.grad.clone() for p in params], sum(prefix_runs)
+
+    once, runs_once = gradient()
+    monkeypatch.setattr(PolicyScoring, "sharing_prefix", lambda self, prompts: nullcontext())
+    each, runs_each = gradient()
+    handle.remove()
+    assert (runs_once, runs_each) == (1, 3)
+    assert any(g.abs().max() > 0 for g in once)
+    for a, b in zip(once, each, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
