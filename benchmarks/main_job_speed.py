@@ -8,8 +8,9 @@ how many rows they run:
 - before: every turn is its own row in scoring and in the update (pack_turns=False), a
           scoring pass runs every turn before the update (score_in_update=False), every
           generation call prefills its prompts in full (carry_caches=False), in one batch
-          padded to the longest, and its key/value cache grows by concatenation (a copy of
-          the whole cache at every decoding step);
+          padded to the longest, its key/value cache grows by concatenation (a copy of
+          the whole cache at every decoding step), and every micro-batch of the update runs
+          the shared system prompt again, forward and backward;
 - now:    a turn whose prompt and reply begin another turn's prompt is read from that turn's
           row, minibatches keep such chains together (pack_turns=True, the default), the
           first minibatch's old log-probs come from the update's own first pass and the
@@ -17,7 +18,8 @@ how many rows they run:
           that continues a row of the last generation call runs only its new tokens
           (carry_caches=True, the default), and generation prefills rows of very different
           lengths one at a time (shared_prefix.PREFILL_PADDING_MAX) into a cache with room
-          kept for the reply (shared_prefix.growing_cache).
+          kept for the reply (shared_prefix.growing_cache), and a minibatch's shared prefix
+          runs once for all its micro-batches (PolicyScoring.sharing_prefix).
 
 The arms alternate update by update in one process (after one warm-up update each), so machine
 load drifts affect both alike, and each update samples with the same seed in both arms (they
@@ -32,6 +34,7 @@ Target: >= 2x turns/s for the calculator main job.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import resource
 import time
 from typing import Any
@@ -72,9 +75,11 @@ ARMS = {
 PHASES = ("time/rollout_s", "time/score_s", "time/update_s")
 
 
-def make_trainer(env_id: str, num_envs: int, overrides: dict) -> PPOTrainer:
+def make_trainer(env_id: str, num_envs: int, overrides: dict, before: bool) -> PPOTrainer:
     config = PPOConfig.for_env(env_id, num_envs=num_envs, progress=False, seed=0, **overrides)
     policy = PPOPolicy.from_pretrained(None, config=config)
+    if before:  # every micro-batch runs the shared prefix itself
+        policy.sharing_prefix = lambda prompts: contextlib.nullcontext()
     return PPOTrainer(policy, gym.make_vec(env_id, num_envs=num_envs))
 
 
@@ -100,7 +105,10 @@ def main() -> None:
     parser.add_argument("--num-envs", type=int, default=8)
     parser.add_argument("--env", default="textgym/Calculator-v0")
     args = parser.parse_args()
-    trainers = {name: make_trainer(args.env, args.num_envs, o) for name, (o, *_) in ARMS.items()}
+    trainers = {
+        name: make_trainer(args.env, args.num_envs, o, name == "before")
+        for name, (o, *_) in ARMS.items()
+    }
     keys = (*PHASES, "seconds", "turns", "tokens")
     totals = {name: dict.fromkeys(keys, 0.0) for name in ARMS}
     for update in range(args.updates + 1):
