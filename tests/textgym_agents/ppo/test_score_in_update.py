@@ -10,28 +10,10 @@ import pytest
 import torch
 
 import textgym  # noqa: F401
-from textgym_agents import PPOConfig, PPOPolicy, PPOTrainer, RolloutBuffer, Turn
+from tests.textgym_agents.ppo.test_packed_turns import conversation_buffer
+from textgym_agents import PPOConfig, PPOPolicy, PPOTrainer
 from textgym_agents.ppo.steps import minibatch_loss
 from textgym_agents.testing import perturb_adapter, tiny_model
-
-
-def conversation_buffer(policy):
-    """Two streams of a kept conversation: 3 turns then 2, the last of each terminating."""
-    buffer = RolloutBuffer()
-    for stream, (question, replies) in enumerate(
-        [("What is 2 + 3?", ["calc 2+3", "maybe", "5"]), ("What is 7 * 6?", ["calc", "42"])]
-    ):
-        chat = [{"role": "user", "content": question}]
-        for k, reply in enumerate(replies):
-            last = k == len(replies) - 1
-            ids = policy.tokenizer.encode(reply, add_special_tokens=False)
-            turn = Turn(policy.encode(chat), ids, reward=1.0 if last else -0.1, terminated=last)
-            buffer.add(stream, turn)
-            chat = chat + [
-                {"role": "assistant", "content": reply},
-                {"role": "user", "content": f"Observation {k}"},
-            ]
-    return buffer
 
 
 def scored_rows(policy):
