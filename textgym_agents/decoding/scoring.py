@@ -59,6 +59,7 @@ class PolicyScoring:
     value_head: nn.Module
     config: Any
     _prefix_pass: PrefixPass | None = None  # set inside sharing_prefix()
+    _base_prefix_pass: PrefixPass | None = None  # the same prefix under the base model
 
     @property
     def device(self) -> torch.device:
@@ -88,8 +89,8 @@ class PolicyScoring:
         flow when called outside ``torch.no_grad()``.
         """
         if not adapter:
-            # The base model: a prefix computed with the adapter is not its prefix.
-            shared, self._prefix_pass = self._prefix_pass, None
+            # The base model runs the same layout on a prefix of its own.
+            shared, self._prefix_pass = self._prefix_pass, self._base_prefix_pass
             try:
                 with self.model.disable_adapter():
                     return self.score(
@@ -152,15 +153,21 @@ class PolicyScoring:
         value = self.value_head(last_hidden).float() if values else None
         return total, count, value
 
-    def _choice_prompts(self, prompts: Sequence[list[int]]) -> tuple[RowsPass, torch.Tensor]:
-        """Run the prompts (their shared prefix once): the pass and each one's last hidden state."""
+    def _choice_prompts(
+        self, prompts: Sequence[list[int]], share: bool = True
+    ) -> tuple[RowsPass, torch.Tensor]:
+        """Run the prompts (their shared prefix once): the pass and each one's last hidden state.
+
+        With ``share=False`` a prefix of :meth:`sharing_prefix` is not used (the prompts run
+        as the rollout runs them).
+        """
         decoder, pad = self._decoder(), self.tokenizer.pad_token_id
         first = run_rows(
             decoder,
             prompts,
             pad=pad,
             max_shared=min(len(p) for p in prompts) - 1,
-            prefix=self._prefix_pass,
+            prefix=self._prefix_pass if share else None,
         )
         last = torch.tensor([len(p) - 1 - first.offset for p in prompts], device=self.device)
         return first, first.hidden[torch.arange(len(prompts), device=self.device), last]
@@ -326,7 +333,8 @@ class PolicyScoring:
         The prefix (see :func:`~textgym_agents.decoding.shared_prefix.shared_length`, at most
         the shortest prompt but its last token) is computed on the first pass that uses it;
         every pass of :meth:`score` and :meth:`score_choices` over rows that start with it
-        reuses it (the reference model, ``adapter=False``, runs its own). Under gradients, call
+        reuses it (the reference model, ``adapter=False``, has its own, computed without the
+        adapter: the same layout, so the KL before any update is exactly 0). Under gradients, call
         the yielded :class:`~textgym_agents.decoding.shared_prefix.PrefixPass`'s ``backward()``
         after the passes' own backward passes and before the optimizer step. Yields None (and
         changes nothing) when the prompts share no prefix worth it.
@@ -336,10 +344,11 @@ class PolicyScoring:
             yield None
             return
         self._prefix_pass = PrefixPass(prompts[0][:shared])
+        self._base_prefix_pass = PrefixPass(prompts[0][:shared])
         try:
             yield self._prefix_pass
         finally:
-            self._prefix_pass = None
+            self._prefix_pass = self._base_prefix_pass = None
 
     def trainable_parameters(self) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
         """(LoRA parameters, value-head parameters)."""
@@ -361,8 +370,12 @@ class _OnePromptScorer:
     def run_prompt(
         self, prompt: list[int], values: bool
     ) -> tuple[tuple[RowsPass, torch.Tensor], torch.Tensor | None]:
-        """The prompt's pass and last hidden state (1, H); its value (1,) when asked."""
-        first, last_hidden = self.scoring._choice_prompts([prompt])
+        """The prompt's pass and last hidden state (1, H); its value (1,) when asked.
+
+        The prompt runs whole, in training as in the rollout, so reused rollout scores are
+        those of the first epoch to the bit.
+        """
+        first, last_hidden = self.scoring._choice_prompts([prompt], share=False)
         value = self.scoring.value_head(last_hidden).float() if values else None
         return (first, last_hidden), value
 

@@ -231,8 +231,8 @@ def test_sigterm_before_the_weights_change_checkpoints_and_resumes_exactly(
         )
         score = interrupted.score
 
-        def score_then_terminate(*args):
-            score(*args)
+        def score_then_terminate(*args, **kwargs):
+            score(*args, **kwargs)
             if interrupted.update_step == 2:
                 os.kill(os.getpid(), signal.SIGTERM)
 
