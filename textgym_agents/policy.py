@@ -256,9 +256,10 @@ class PPOPolicy(PolicyScoring):
 
         With ``config.carry_caches``, a prompt that continues a row of the previous
         :meth:`generate` call (a conversation-keeping episode's next turn) is prefilled only
-        past the prefix that row already computed (:class:`~textgym_agents.decoding.
-        shared_prefix.CarriedCaches`). The weights must not change inside: training's rollout
-        uses it; the caches are dropped on exit. Without the setting it does nothing.
+        past the prefix that row already computed
+        (:class:`~textgym_agents.decoding.shared_prefix.CarriedCaches`). The weights must not
+        change inside: training's rollouts and evaluations use it; the caches are dropped on
+        exit. Without the setting it does nothing.
         """
         if not self.config.carry_caches or self._carried is not None:
             yield
