@@ -5,10 +5,12 @@ Both arms train the embedded model on textgym/Blackjack-v1 (16 envs) with the se
 the speed switches:
 
 - before: float32, a separate scoring pass before every update (reuse_rollout_scores=False),
-  transformers' sdpa attention (gqa_attention=False);
+  transformers' sdpa attention (gqa_attention=False), and every micro-batch running the rows'
+  shared system prompt itself, forward and backward;
 - now:    dtype "auto" (bf16 where this machine runs it fast, see textgym_agents.model.precision),
-  the rollout's choice log-probs and values reused, sdpa_gqa attention, and on a bf16 base
-  the LoRA products in bf16 too (mixed_precision);
+  the rollout's choice log-probs and values reused, sdpa_gqa attention, a minibatch's shared
+  prefix run once for all its micro-batches (PolicyScoring.sharing_prefix), and on a bf16
+  base the LoRA products in bf16 too (mixed_precision);
 - lora32:  "now" with the LoRA products in fp32 (mixed_precision=False; the same as "now" where
   "auto" picks float32), to show what mixed precision adds.
 
@@ -25,6 +27,7 @@ Target: >= 2.5x hands/s where bf16 is fast, >= 1.2x on a machine without fast bf
 from __future__ import annotations
 
 import argparse
+import contextlib
 import resource
 import time
 
@@ -52,6 +55,8 @@ def make_trainer(overrides: dict, dtype: str, num_envs: int) -> PPOTrainer:
     probe.close()
     config = PPOConfig(**{**defaults, **overrides, "progress": False})
     policy = PPOPolicy.from_pretrained(None, dtype=dtype, config=config)
+    if overrides.get("gqa_attention") is False:  # the before arm: the prefix in every pass
+        policy.sharing_prefix = lambda prompts: contextlib.nullcontext()
     return PPOTrainer(policy, gym.make_vec(ENV, num_envs=num_envs))
 
 
