@@ -49,13 +49,13 @@ ARMS = {
 PHASES = ("time/rollout_s", "time/score_s", "time/update_s")
 
 
-def make_trainer(overrides: dict, dtype: str, num_envs: int) -> PPOTrainer:
+def make_trainer(overrides: dict, dtype: str, num_envs: int, before: bool) -> PPOTrainer:
     probe = gym.make(ENV)
     defaults = env_defaults(reply_choices(probe), {})  # what `textgym train` picks
     probe.close()
     config = PPOConfig(**{**defaults, **overrides, "progress": False})
     policy = PPOPolicy.from_pretrained(None, dtype=dtype, config=config)
-    if overrides.get("gqa_attention") is False:  # the before arm: the prefix in every pass
+    if before:  # every micro-batch runs the shared prefix itself
         policy.sharing_prefix = lambda prompts: contextlib.nullcontext()
     return PPOTrainer(policy, gym.make_vec(ENV, num_envs=num_envs))
 
@@ -66,7 +66,9 @@ def main() -> None:
     parser.add_argument("--num-envs", type=int, default=16)
     args = parser.parse_args()
     torch.manual_seed(0)
-    trainers = {name: make_trainer(o, d, args.num_envs) for name, (o, d) in ARMS.items()}
+    trainers = {
+        name: make_trainer(o, d, args.num_envs, name == "before") for name, (o, d) in ARMS.items()
+    }
     totals = {name: dict.fromkeys((*PHASES, "seconds", "hands", "turns"), 0.0) for name in ARMS}
     for update in range(args.updates + 1):
         for name, trainer in trainers.items():
