@@ -459,13 +459,15 @@ def generation_inputs(
     if continued or (
         len(prompts) > 1 and len(prompts) * max(own) >= PREFILL_PADDING_MAX * sum(own)
     ):
-        cache = _prefill_rows(model, prompts, shared, width, device, starts)
+        # Filled with every column but the last: room for that column and the reply.
+        cache = growing_cache(1 + reserve)
+        _prefill_rows(model, prompts, shared, width, device, starts, cache)
     elif shared:
-        cache = prefix_cache(model, prompts[0][:shared], len(prompts), device)
+        prefix = prefix_cache(model, prompts[0][:shared], len(prompts), device)
+        cache = growing_cache(width - shared + reserve, prefix)
     else:
-        cache = None
-    cached = cache.get_seq_length() if cache is not None else 0
-    extra[CACHE_KWARG] = growing_cache(width - cached + reserve, cache)
+        cache = growing_cache(width + reserve)
+    extra[CACHE_KWARG] = cache
     return input_ids.to(device), attention_mask.to(device), extra
 
 
@@ -476,15 +478,16 @@ def _prefill_rows(
     width: int,
     device: Any,
     starts: Sequence[tuple[int, Any]],
-) -> Any:
-    """The cache of ``[shared | left padding | own tokens but the last]``, one row at a time.
+    cache: Any,
+) -> None:
+    """Fill ``cache`` with ``[shared | left padding | own tokens but the last]``, row by row.
 
     Rows whose own tokens differ in length would be padded to the longest in one batched
     prefill; run alone, each computes only its own tokens, on a fork of the shared prefix's
     cache or, where ``starts[b]`` is ``(n, cache)``, on the first ``n`` positions of a carried
-    row's cache (:class:`CarriedCaches`). The result covers every column but the last, which
-    ``generate()`` then runs for all rows. Padding columns hold zeros (the attention mask
-    hides them).
+    row's cache (:class:`CarriedCaches`). The filled cache covers every column but the last,
+    which ``generate()`` then runs for all rows. Padding columns hold zeros (the attention
+    mask hides them).
     """
     from transformers import DynamicCache
 
@@ -500,8 +503,8 @@ def _prefill_rows(
         rows.append(_extend(model, row, prompt[start:-1], start, device))
     source = next((c for c in rows if c.layers), None)
     if source is None:  # every prompt is a single token: nothing to cache
-        return None
-    columns, cache = width - 1, DynamicCache()
+        return
+    columns = width - 1
 
     def padded(layer: int, kind: str) -> torch.Tensor:
         like = getattr(source.layers[layer], kind)
@@ -516,7 +519,6 @@ def _prefill_rows(
 
     for layer in range(len(source.layers)):
         cache.update(padded(layer, "keys"), padded(layer, "values"), layer)
-    return cache
 
 
 def _extend(model: nn.Module, cache: Any, tokens: Sequence[int], start: int, device: Any) -> Any:
