@@ -9,6 +9,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from textgym_agents.model.memory import bound_kernel_cache
+
+bound_kernel_cache()  # before torch builds its first bf16 kernel (model/memory.py)
+
 if TYPE_CHECKING:
     from textgym_agents.agent import Agent
     from textgym_agents.decoding.generation import Generation

@@ -7,6 +7,13 @@ process's resident memory stays at the update's high-water mark and the next pha
 (evaluation, the next rollout) piles its own allocations on top. ``malloc_trim(0)`` hands the
 free pages anywhere in the heap back (``madvise``), which the trainer does after each update
 and :func:`~textgym_agents.evaluate` after an evaluation (docs/performance.md, "Memory").
+
+bf16 matrix products on CPU run through oneDNN, which keeps every kernel ("primitive") it
+built, up to 1,024 of them, each with its own buffers. Training passes have a new token count
+almost every time, so nearly every pass builds new ones that are never used again: on the
+embedded model the cache held ~0.35 GB after four calculator updates, for no speed-up.
+:func:`bound_kernel_cache` (run when ``textgym_agents`` is imported) keeps it to
+:data:`KERNEL_CACHE_CAPACITY` unless the user chose a capacity.
 """
 
 from __future__ import annotations
@@ -14,10 +21,31 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import os
 import sys
 from typing import Any
 
-__all__ = ["release_memory", "resident_kb"]
+__all__ = ["KERNEL_CACHE_CAPACITY", "bound_kernel_cache", "release_memory", "resident_kb"]
+
+KERNEL_CACHE_CAPACITY = 64
+"""Kernels oneDNN keeps (its default is 1,024): the few shapes generation repeats step after step
+fit; the training passes' one-off shapes are dropped. Measured on the embedded model
+(docs/performance.md, "Memory"): the same speed, a lower peak."""
+_KERNEL_CACHE_VARIABLE = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
+
+
+def bound_kernel_cache(capacity: int = KERNEL_CACHE_CAPACITY) -> str:
+    """Bound oneDNN's kernel cache, unless ``ONEDNN_PRIMITIVE_CACHE_CAPACITY`` is already set.
+
+    oneDNN reads the variable when it builds its first kernel, so this only takes effect before
+    the process's first bf16 matrix product (``import textgym_agents`` runs it). Returns the
+    variable's value in effect.
+
+    Example:
+        >>> bound_kernel_cache() == os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"]
+        True
+    """
+    return os.environ.setdefault(_KERNEL_CACHE_VARIABLE, str(capacity))
 
 
 @functools.cache
