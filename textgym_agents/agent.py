@@ -26,6 +26,7 @@ from textgym_agents.policy import PPOPolicy
 from textgym_agents.ppo.buffer import RolloutBuffer, Turn
 from textgym_agents.ppo.config import PPOConfig
 from textgym_agents.ppo.defaults import env_defaults
+from textgym_agents.ppo.rollout import read_generation
 from textgym_agents.ppo.trainer import PPOTrainer
 
 __all__ = ["Agent"]
@@ -166,12 +167,10 @@ class Agent(ABC):
         response = generation.texts[0]
         self._chat.answer(response)
         action, invalid = self._extract(response)
-        turn = Turn(
-            generation.prompt_ids[0],
-            generation.response_ids[0],
-            reward=0.0,
-            invalid=invalid,
-            choice_ids=generation.choice_ids[0] if generation.choice_ids else None,
+        turn = read_generation(
+            Turn(generation.prompt_ids[0], generation.response_ids[0], 0.0, invalid=invalid),
+            generation,
+            0,
         )
         self.current_turns.append(turn)
         if invalid:

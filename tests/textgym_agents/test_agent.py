@@ -164,3 +164,13 @@ def test_an_agent_needs_extract_action_or_action_replies():
 
     with pytest.raises(ValueError, match="non-empty dict"):
         make(Empty)
+
+
+@pytest.mark.parametrize("name", ["BlackjackAgent", "NamedAgent"])  # free text, choices
+def test_turns_keep_the_values_and_scores_their_generation_measured(name):
+    agent = make(globals()[name], batch_size=10)
+    agent.act(gym.make("Blackjack-v1").reset(seed=0)[0])
+    turn = agent.current_turns[-1]
+    assert turn.value is not None  # the critic's value from generate(): no pass of its own
+    if agent.policy.config.decoding == "choices":
+        assert turn.old_logps is not None and turn.choice_ids is not None

@@ -11,7 +11,7 @@ and :func:`~textgym_agents.evaluate` after an evaluation (docs/performance.md, "
 bf16 matrix products on CPU run through oneDNN, which keeps every kernel ("primitive") it
 built, up to 1,024 of them, each with its own buffers. Training passes have a new token count
 almost every time, so nearly every pass builds new ones that are never used again: on the
-embedded model the cache held ~0.35 GB after four calculator updates, for no speed-up.
+embedded model the cache held ~0.3 GB after four calculator updates, for no speed-up.
 :func:`bound_kernel_cache` (run when ``textgym_agents`` is imported) keeps it to
 :data:`KERNEL_CACHE_CAPACITY` unless the user chose a capacity.
 """

@@ -31,14 +31,40 @@ __all__ = [
     "RolloutCollector",
     "as_vector_env",
     "cap_episode_turns",
+    "read_generation",
     "reply_choices",
     "reply_schemas",
 ]
 
 logger = logging.getLogger(__name__)
 
+
 TURN_CAP_INFO = "episode_turn_cap"
 """Info key of the step at which :class:`EpisodeTurnCap` cut an episode (its value: the cap)."""
+
+
+def read_generation(turn: Turn, generation: Any, row: int) -> Turn:
+    """Copy onto ``turn`` what generating its reply (row ``row``) measured, and return it.
+
+    The choices it was drawn from, the log-prob of the mixture that drew it (exploration), its
+    log-prob under the choice distribution and the critic's value of its prompt, where the
+    generation has them: the update then needs no pass of its own for them.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> turn = read_generation(Turn([1], [2], 0.0), SimpleNamespace(values=[0.5]), 0)
+        >>> turn.value, turn.old_logps
+        (0.5, None)
+    """
+    if getattr(generation, "choice_ids", None):
+        turn.choice_ids = generation.choice_ids[row]
+    if getattr(generation, "behaviour_logps", None) is not None:  # explored
+        turn.behaviour_logp = generation.behaviour_logps[row]
+    if getattr(generation, "logps", None) is not None:  # scored by the rollout
+        turn.old_logps = torch.tensor([generation.logps[row]])
+    if getattr(generation, "values", None) is not None:  # None: critic-free
+        turn.value = float(generation.values[row])
+    return turn
 
 
 def as_vector_env(env: gym.Env[Any, Any] | VectorEnv) -> VectorEnv:
@@ -191,7 +217,6 @@ class RolloutCollector:
                 terminated=bool(step.terminations[i]),
                 truncated=step.truncated(i),
                 invalid=bool(step.info(i, "invalid") or False),
-                choice_ids=generation.choice_ids[k] if generation.choice_ids else None,
                 # References to what exists anyway: the episode samples of the run files.
                 text=TurnText(
                     seen[k],
@@ -200,12 +225,7 @@ class RolloutCollector:
                     int(self.tally.lengths[i]),
                 ),
             )
-            if getattr(generation, "behaviour_logps", None) is not None:  # explored
-                turn.behaviour_logp = generation.behaviour_logps[k]
-            if getattr(generation, "logps", None) is not None:  # scored by the rollout
-                turn.old_logps = torch.tensor([generation.logps[k]])
-            if getattr(generation, "values", None) is not None:  # None: critic-free
-                turn.value = float(generation.values[k])
+            read_generation(turn, generation, k)
             if turn.truncated:
                 turn.bootstrap_ids = policy.encode(step.final_observation(i))
             if self.anchor_key is not None:
