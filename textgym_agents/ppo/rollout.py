@@ -38,7 +38,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-
 TURN_CAP_INFO = "episode_turn_cap"
 """Info key of the step at which :class:`EpisodeTurnCap` cut an episode (its value: the cap)."""
 
