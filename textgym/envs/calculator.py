@@ -279,6 +279,7 @@ def make_calculator_text_env(
     rewards: CalculatorRewards | None = None,
     max_turns: int = 4,
     render_mode: str | None = None,
+    reply_format: str = "json",
     **wrapper_kwargs: Any,
 ) -> TextEnvWrapper:
     r"""Build ``textgym/Calculator-v0``: :class:`CalculatorEnv` behind a ``TextEnvWrapper``.
@@ -288,11 +289,13 @@ def make_calculator_text_env(
         rewards: The rewards; defaults to :class:`CalculatorRewards()`.
         max_turns: Env steps after which an episode without an answer is truncated.
         render_mode: None or ``"ansi"``.
+        reply_format: The reply form the instructions teach, ``"json"``, ``"text"`` or
+            ``"both"`` (:class:`CalculatorParser`; either form is parsed).
         **wrapper_kwargs: Passed to :class:`~textgym.wrappers.TextEnvWrapper`; ``history``
             defaults to 4, ``system_prompt`` to :data:`SYSTEM_PROMPT` followed by
             :data:`EXAMPLE_EPISODE` (pass ``system_prompt=SYSTEM_PROMPT`` to leave the worked
-            episode out), ``parser`` to :class:`CalculatorParser` and ``formatter`` to the
-            identity.
+            episode out), ``parser`` to ``CalculatorParser(reply_format)`` and ``formatter``
+            to the identity.
 
     Example:
         >>> env = make_calculator_text_env(difficulty="add")
@@ -307,7 +310,7 @@ def make_calculator_text_env(
     """
     env = CalculatorEnv(difficulty, rewards=rewards, max_turns=max_turns, render_mode=render_mode)
     wrapper_kwargs.setdefault("formatter", observation_text)
-    wrapper_kwargs.setdefault("parser", CalculatorParser())
+    wrapper_kwargs.setdefault("parser", CalculatorParser(reply_format))
     wrapper_kwargs.setdefault("system_prompt", SYSTEM_PROMPT + EXAMPLE_EPISODE)
     wrapper_kwargs.setdefault("history", 4)
     return TextEnvWrapper(env, **wrapper_kwargs)

@@ -30,6 +30,7 @@ __all__ = [
     "ANSWER_PREFIX",
     "MARKUP",
     "MAX_COMMAND_CHARS",
+    "REPLY_FORMATS",
     "TOOL_PREFIX",
     "CalculatorParser",
     "CalculatorReply",
@@ -45,6 +46,17 @@ _KEYWORD = re.compile(r"\b(action|answer)[ \t]*:", re.IGNORECASE)
 _TOOL_NAME = re.compile(r"[\s*`]*([A-Za-z_][\w.]*)[ \t]*(\(?)")
 _FENCE_OPEN = re.compile(r"```[ \t]*json", re.IGNORECASE)
 MARKUP = " \t\r\n*`"
+REPLY_FORMATS = ("json", "text", "both")
+_JSON_INSTRUCTIONS = (
+    'Reply with a JSON object: either {"tool": "calculator", "expression": "<expression>"} to '
+    'call the calculator, or {"answer": "<number>"} to give your final answer.'
+)
+_TEXT_FORMAT = (
+    'an optional "Thought: ..." line, then either "Action: calculator(<expression>)" to call '
+    'the calculator or "Answer: <number>" to give your final answer. Example reply:\n'
+    "Thought: I need the product of 123 and 456.\n"
+    "Action: calculator(123 * 456)"
+)
 # What constrained decoding may write: a calculator call or a numeric answer, in JSON. A subset
 # of what the parser accepts ("thought" is left out to keep replies short); the expression is
 # at most as long as the env's evaluator accepts.
@@ -111,13 +123,33 @@ class CalculatorParser(ActionParser):
     inside the parentheses that open after ``calculator(``; it is not evaluated here (a bad
     expression is the env's malformed tool call, not a parse error).
 
+    Both forms are parsed whatever ``reply_format`` says; it picks the form the instructions
+    teach. JSON is the default: it is what ``textgym train`` writes (replies start with
+    ``{"``), and the embedded model follows it best (docs/results.md, "The instructions").
+
     Example:
         >>> parser = CalculatorParser()
         >>> parser.parse("Thought: multiply.\nAction: calculator((1 + 2) * 3)")
         'Action: calculator((1 + 2) * 3)'
         >>> parser.parse('{"answer": 56088}')
         'Answer: 56088'
+        >>> print(CalculatorParser().instructions())  # doctest: +NORMALIZE_WHITESPACE
+        Reply with a JSON object: either {"tool": "calculator", "expression": "<expression>"}
+        to call the calculator, or {"answer": "<number>"} to give your final answer.
     """
+
+    def __init__(self, reply_format: str = "json") -> None:
+        """Create the parser.
+
+        Args:
+            reply_format: The form the instructions teach: ``"json"`` (a JSON object),
+                ``"text"`` (ReAct-style ``Action:`` / ``Answer:`` lines) or ``"both"``.
+        """
+        if reply_format not in REPLY_FORMATS:
+            raise ValueError(
+                f"Expected reply_format to be one of {REPLY_FORMATS}, got {reply_format!r}"
+            )
+        self.reply_format = reply_format
 
     def parse(self, text: str) -> str:
         """Return the canonical command described by ``text`` or raise ActionParseError."""
@@ -168,16 +200,16 @@ class CalculatorParser(ActionParser):
             raise ActionParseError(message[:500], text, validation_error=e) from None
 
     def instructions(self) -> str:
-        """Explain the text and JSON formats, with one example each."""
+        """Explain the reply format ``reply_format`` names, with an example."""
+        if self.reply_format == "json":
+            return _JSON_INSTRUCTIONS
+        if self.reply_format == "text":
+            return "Reply with " + _TEXT_FORMAT
         return (
-            "Reply in one of two formats.\n"
-            'Text: an optional "Thought: ..." line, then either '
-            '"Action: calculator(<expression>)" to call the calculator or '
-            '"Answer: <number>" to give your final answer. Example reply:\n'
-            "Thought: I need the product of 123 and 456.\n"
-            "Action: calculator(123 * 456)\n"
-            'JSON: an object with an optional "thought" and either "tool": "calculator" with '
-            '"expression", or "answer". Example reply:\n'
+            "Reply in one of two formats.\nText: "
+            + _TEXT_FORMAT
+            + '\nJSON: an object with an optional "thought" and either "tool": "calculator" '
+            'with "expression", or "answer". Example reply:\n'
             '{"thought": "The calculator returned 56088.", "answer": "56088"}'
         )
 

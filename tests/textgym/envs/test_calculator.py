@@ -359,8 +359,44 @@ def test_parser_is_linear_on_hostile_replies() -> None:
             parser.parse(reply)
 
 
+def test_parser_instructions_teach_json_by_default() -> None:
+    assert CalculatorParser().instructions() == (
+        'Reply with a JSON object: either {"tool": "calculator", "expression": "<expression>"} '
+        'to call the calculator, or {"answer": "<number>"} to give your final answer.'
+    )
+    assert CalculatorParser(reply_format="text").instructions() == (
+        'Reply with an optional "Thought: ..." line, then either '
+        '"Action: calculator(<expression>)" to call the calculator or "Answer: <number>" to '
+        "give your final answer. Example reply:\n"
+        "Thought: I need the product of 123 and 456.\n"
+        "Action: calculator(123 * 456)"
+    )
+
+
+@pytest.mark.parametrize("reply_format", ["json", "text", "both"])
+def test_parser_reads_both_forms_whatever_it_teaches(reply_format: str) -> None:
+    parser = CalculatorParser(reply_format=reply_format)
+    assert parser.parse("Action: calculator(2 + 3)") == "Action: calculator(2 + 3)"
+    assert parser.parse('{"tool": "calculator", "expression": "2 + 3"}') == (
+        "Action: calculator(2 + 3)"
+    )
+    assert parser.parse('{"answer": "5"}') == parser.parse("Answer: 5") == "Answer: 5"
+
+
+def test_parser_rejects_an_unknown_reply_format() -> None:
+    with pytest.raises(ValueError, match="reply_format"):
+        CalculatorParser(reply_format="xml")
+
+
+def test_env_passes_its_reply_format_to_the_parser() -> None:
+    env = make_calculator_text_env(reply_format="text")
+    assert env.parser == CalculatorParser(reply_format="text")
+    assert env.system_prompt.endswith("Action: calculator(123 * 456)")
+    assert make_calculator_text_env().parser != env.parser
+
+
 def test_parser_instructions_examples_and_choices() -> None:
-    parser = CalculatorParser()
+    parser = CalculatorParser(reply_format="both")
     assert parser.instructions() == (
         "Reply in one of two formats.\n"
         'Text: an optional "Thought: ..." line, then either "Action: calculator(<expression>)" '
@@ -396,7 +432,7 @@ def test_full_episode_through_the_text_env() -> None:
     env = make_calculator_text_env(difficulty="multiply")
     assert isinstance(env, TextEnvWrapper)
     messages, info = env.reset(seed=0)
-    prompt = SYSTEM_PROMPT + EXAMPLE_EPISODE + "\n\nReply in one of two formats."
+    prompt = SYSTEM_PROMPT + EXAMPLE_EPISODE + "\n\nReply with a JSON object: either"
     assert messages[0]["content"].startswith(prompt)
     assert messages[-1] == {"role": "user", "content": QUESTION}
     assert info["target"] == TARGET
