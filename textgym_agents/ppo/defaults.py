@@ -38,11 +38,11 @@ DEFAULT_NUM_ENVS = 16
 """Envs played in parallel by training and evaluation."""
 DEFAULT_TRAIN_ENV = "textgym/Calculator-v0"
 """What ``textgym train`` trains on unless told: the env the embedded model learns fastest
-(0% -> ~80% of held-out questions solved in minutes; docs/results.md, "The first run")."""
+(docs/results.md, "The first run")."""
 # Per env id: episodes, envs and evaluation episodes of a run that shows learning on a laptop
 # CPU (measured: docs/results.md); other envs get the DEFAULT_* numbers above.
 RUN_DEFAULTS: dict[str, dict[str, int]] = {
-    "textgym/Calculator-v0": {"episodes": 16, "num_envs": 8, "eval_episodes": 32},
+    "textgym/Calculator-v0": {"episodes": 64, "num_envs": 8, "eval_episodes": 32},
     "textgym/Blackjack-v1": {"episodes": 6000},
 }
 
@@ -50,8 +50,11 @@ RUN_DEFAULTS: dict[str, dict[str, int]] = {
 # used by ``PPOConfig.for_env`` over the decoding defaults and under what the user sets.
 # Blackjack: GiGPO's same-state groups with an annealed rate reach -0.050 to -0.056 (basic
 # strategy: -0.043) in 6,000 hands, where GAE-PPO at these settings ends near -0.13 and the
-# decoding defaults alone stay at always stick (-0.183).
+# decoding defaults alone stay at always stick (-0.183). Calculator: 5e-4 solved more held-out
+# questions after 64 episodes than 2e-4 on both seeds tried (75.0%/90.6% vs 65.6%/78.1%);
+# 1e-3 fell apart into invalid replies.
 ENV_RECIPES: dict[str, dict[str, Any]] = {
+    "textgym/Calculator-v0": {"learning_rate": 5e-4},
     "textgym/Blackjack-v1": {
         "advantage_estimator": "gigpo",
         "group_size": 4,

@@ -85,6 +85,8 @@ def test_for_env_is_the_cli_default_and_settings_win():
     free = PPOConfig.for_env("textgym/Calculator-v0")  # replies: flat JSON objects
     assert free.decoding == "free" and free.reply_prefix == '{"' and free.stop_strings == ["}"]
     assert free.temperature == JSON_REPLY_DEFAULTS["temperature"] and free.micro_batch_tokens == 512
+    assert free.learning_rate == ENV_RECIPES["textgym/Calculator-v0"]["learning_rate"] == 5e-4
+    assert PPOConfig.for_env("textgym/Calculator-v0", learning_rate=1e-4).learning_rate == 1e-4
     assert PPOConfig.for_env("textgym/Calculator-v0", decoding="constrained").stop_strings == []
     with pytest.raises(ValueError, match="did you mean 'learning_rate'"):
         PPOConfig.for_env(env, learning_rte=1e-4)
