@@ -386,9 +386,9 @@ class PPOConfig:
         ``reply_prefix`` and exploration settings; where its replies are flat JSON objects, free
         text from ``{"`` to ``}`` (:func:`~textgym_agents.ppo.defaults.env_defaults`); then, for
         a registered env with a measured recipe, its settings
-        (:data:`~textgym_agents.ppo.defaults.ENV_RECIPES`: Blackjack's GiGPO). Every key of
-        ``settings`` wins over them. A recipe whose groups do not fit the envs is left out, with
-        a warning.
+        (:data:`~textgym_agents.ppo.defaults.ENV_RECIPES`: Blackjack's GiGPO, the
+        calculator's learning rate). Every key of ``settings`` wins over them. A recipe whose
+        groups do not fit the envs is left out, with a warning.
 
         Args:
             env: A text env, a text vector env, or a registered env id.

@@ -289,12 +289,15 @@ def test_the_default_run_is_the_calculator_recipe_and_flags_win(tmp_path):
 
     default = plan()
     assert default.env_id == "textgym/Calculator-v0"
-    assert (default.episodes, default.num_envs, default.eval_episodes) == (16, 8, 32)
+    assert (default.episodes, default.num_envs, default.eval_episodes) == (64, 8, 32)
     config = default.config
     assert (config.decoding, config.reply_prefix, config.stop_strings) == ("free", '{"', ["}"])
     assert (config.temperature, config.max_new_tokens, config.kl_coef) == (0.7, 40, 0.0)
-    told = plan("--episodes", "5", "--num-envs", "2", "--temperature", "1.0")
+    assert config.learning_rate == 5e-4  # the calculator's recipe
+    told = plan("--episodes", "5", "--num-envs", "2", "--temperature", "1.0", "--learning-rate",
+                "1e-4")  # fmt: skip
     assert (told.episodes, told.num_envs, told.config.temperature) == (5, 2, 1.0)
+    assert told.config.learning_rate == 1e-4
     blackjack = plan("textgym/Blackjack-v1")
     assert (blackjack.episodes, blackjack.num_envs, blackjack.eval_episodes) == (6000, 16, 50)
     assert blackjack.config.decoding == "choices" and blackjack.config.temperature == 2.0
