@@ -406,6 +406,7 @@ class PPOPolicy(PolicyScoring):
             [choices[b][k] for b, k in enumerate(picks)],
             choice_ids=ids,
             logps=scores.chosen(picks).float().tolist(),
+            choice_logps=[row.float().cpu() for row in scores.logps],
             values=scores.values.float().tolist() if critic else None,  # type: ignore[union-attr]
             behaviour_logps=behaviour,
         )

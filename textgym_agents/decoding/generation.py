@@ -34,6 +34,8 @@ class Generation:
     # choices, and the value of its prompt, as training's scoring pass computes them.
     logps: list[float] | None = None
     values: list[float] | None = None
+    # Choice decoding: each row's log-probs of all its choices, (K,) each.
+    choice_logps: list[torch.Tensor] | None = None
     # Choice decoding with exploration (``explore`` > 0): each row's log-prob under the
     # mixture it was drawn from (:meth:`~textgym_agents.decoding.choices.ChoiceScores.explore`).
     behaviour_logps: list[float] | None = None

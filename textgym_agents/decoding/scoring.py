@@ -49,6 +49,8 @@ class Scores:
     mask: torch.Tensor  # (B, T) 1 for response tokens, 0 for padding
     values: torch.Tensor | None  # (B,) value of each prompt
     entropy: torch.Tensor | None  # (B, T)
+    # Rows with choices: the (K,) log-probs of all their choices (None for other rows).
+    choice_logps: list[torch.Tensor | None] | None = None
 
 
 class PolicyScoring:
@@ -85,8 +87,9 @@ class PolicyScoring:
         the distribution renormalised over the tokens its grammar allowed, entropy included. A row
         with ``choices`` (its choices' token ids; the response is one of them) gets one log-prob,
         that of the response under the distribution over its choices, in column 0 (entropy
-        likewise). With ``adapter=False`` the base model (the PPO reference) is scored. Gradients
-        flow when called outside ``torch.no_grad()``.
+        likewise), and the log-probs of all its choices in ``choice_logps``. With
+        ``adapter=False`` the base model (the PPO reference) is scored. Gradients flow when
+        called outside ``torch.no_grad()``.
         """
         if not adapter:
             # The base model runs the same layout on a prefix of its own.
@@ -117,7 +120,10 @@ class PolicyScoring:
             )
             parts.append((free, scores.logps, scores.mask, scores.values, scores.entropy))
         logps, mask, value, ent = merge_rows(parts, len(prompts))
-        return Scores(logps=logps, mask=mask, values=value, entropy=ent)
+        every: list[torch.Tensor | None] = [None] * len(prompts)
+        for b, row in zip(picked, result.logps, strict=True):
+            every[b] = row
+        return Scores(logps=logps, mask=mask, values=value, entropy=ent, choice_logps=every)
 
     @in_compute_dtype
     def score_choices(

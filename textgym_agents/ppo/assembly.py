@@ -36,7 +36,7 @@ def make_collector(
     seed = process.seed(config.seed, stride)
     if config.group_size > 1:
         return GroupRolloutCollector(envs, seed, config.group_size, anchor_key=anchor_key)
-    if config.novelty_bonus > 0:  # counts need each turn's anchor
+    if config.novelty_bonus > 0 or config.all_choices:  # they need each turn's anchor
         return RolloutCollector(envs, seed, anchor_key=anchor_key or default_anchor)
     return RolloutCollector(envs, seed)
 

@@ -79,6 +79,10 @@ class Turn:
     ref_logps: torch.Tensor | None = None
     value: float | None = None
     bootstrap_value: float | None = None  # None: not set (0.0 wherever it is read)
+    # Choice turns under PPOConfig.all_choices: the log-prob of every choice under the
+    # rollout policy, and each choice's advantage (ppo/choice_credit.py).
+    old_choice_logps: torch.Tensor | None = None
+    choice_advantages: list[float] | None = None
     # Filled by GAE.
     advantage: float = 0.0
     returns: float = 0.0

@@ -187,6 +187,19 @@ class PPOConfig:
         "in the advantage estimate only; the last turn of an episode earns none. For worlds "
         "whose successes are too rare to learn from. 0 disables it.",
     )
+    all_choices: bool = _help(
+        False,
+        "Choices: credit every valid reply of a turn, not only the sampled one. A reply's "
+        "advantage is Q(s, a) - V(s): the mean return-to-go (discount gamma) after it from "
+        "the turn's observation (its anchor key, as GiGPO's), over the run's last "
+        "all_choices_window turns, minus the mean from that observation (0 for replies not "
+        "played from it there); the update takes PPO's clipped surrogate in expectation over "
+        "the replies (Mean Actor-Critic). Divided by the window's std of returns when "
+        "normalize_by_std. Turns decoded as text keep the estimator's advantage.",
+    )
+    all_choices_window: int = _help(
+        4096, "all_choices: the most recent turns whose returns-to-go estimate Q and V."
+    )
     gamma: float = _help(1.0, "Discount between turns (GAE, and REINFORCE's returns-to-go).")
     lam: float = _help(0.95, "GAE lambda.")
     # --- advantage estimator (docs/estimators.md) ---------------------------------------------
@@ -296,7 +309,7 @@ class PPOConfig:
             if spec.type == "bool":
                 _check(self, spec.name, isinstance(getattr(self, spec.name), bool), "a bool")
         positive_ints = ["max_new_tokens", "num_steps", "num_epochs", "minibatch_size"]
-        positive_ints += ["group_size", "max_episode_turns"]
+        positive_ints += ["group_size", "max_episode_turns", "all_choices_window"]
         positive_ints += ["micro_batch_size", "kl_horizon", "keep_checkpoints", "choice_batch_size"]
         for name in positive_ints:
             value = getattr(self, name)
@@ -319,6 +332,14 @@ class PPOConfig:
                 f"explore_eps={eps} mixes uniform choices into the rollout, so it needs "
                 "decoding='choices' or 'auto' and rollout_engine='hf', got "
                 f"decoding={self.decoding!r}, rollout_engine={self.rollout_engine!r}"
+            )
+        if self.all_choices and (
+            self.decoding not in ("choices", "auto") or self.rollout_engine != "hf"
+        ):
+            raise ValueError(
+                "all_choices credits every valid reply, so it needs decoding='choices' or "
+                f"'auto' and rollout_engine='hf', got decoding={self.decoding!r}, "
+                f"rollout_engine={self.rollout_engine!r}"
             )
         _check(self, "top_p", _number(self.top_p) and 0 < self.top_p <= 1, "in (0, 1]")
         _check(self, "top_k", _integer(self.top_k) and self.top_k >= 0, "an int >= 0")

@@ -17,6 +17,7 @@ __all__ = [
     "compute_gae",
     "entropy",
     "entropy_from_logits",
+    "expected_policy_loss",
     "explained_variance",
     "kl_penalty",
     "logprobs_from_logits",
@@ -196,6 +197,44 @@ def policy_loss(
             "ratio_mean": masked_mean(ratio, mask),
         }
     return pg_loss, stats
+
+
+def expected_policy_loss(
+    logps: list[torch.Tensor],
+    old_logps: list[torch.Tensor],
+    advantages: list[torch.Tensor],
+    clip_range: float,
+) -> torch.Tensor:
+    """PPO's clipped surrogate in expectation over every reply, summed over the rows.
+
+    For a turn whose replies are a known finite set, the sampled surrogate's expectation over
+    the reply drawn from ``π_old`` is ``Σ_a π_old(a) · max(-A(a) r(a), -A(a) clip(r(a)))``
+    with ``r(a) = π(a) / π_old(a)``: every reply is credited, not only the sampled one. At
+    ``π = π_old`` its gradient is ``-Σ_a A(a) ∇π(a)``, the all-actions policy gradient (Mean
+    Actor-Critic, Asadi et al. 2017).
+
+    Args:
+        logps: One ``(K,)`` tensor per row: log-probs of the row's replies (with grad).
+        old_logps: One ``(K,)`` tensor per row: the same under the rollout policy.
+        advantages: One ``(K,)`` tensor per row: the advantage of each reply.
+        clip_range: ε of the ratio clip.
+
+    Returns:
+        The sum over rows (0 without rows).
+
+    Example:
+        >>> import torch
+        >>> logps = [torch.tensor([0.25, 0.75]).log()]
+        >>> expected_policy_loss(logps, logps, [torch.tensor([1.0, -1.0])], 0.2)
+        tensor(0.5000)
+    """
+    total = torch.zeros(())
+    for row, old, advantage in zip(logps, old_logps, advantages, strict=True):
+        ratio = torch.exp(row - old)
+        clipped = torch.clamp(ratio, 1.0 - clip_range, 1.0 + clip_range)
+        losses = torch.max(-advantage * ratio, -advantage * clipped)
+        total = total.to(row.device) + (old.exp() * losses).sum()
+    return total
 
 
 def value_loss(

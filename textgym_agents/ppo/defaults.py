@@ -176,7 +176,7 @@ def run_defaults(env_id: str) -> dict[str, int]:
 
     Example:
         >>> run_defaults("textgym/Calculator-v0")["episodes"]
-        16
+        64
         >>> run_defaults("textgym/FrozenLake-v1") == {
         ...     "episodes": DEFAULT_EPISODES,
         ...     "num_envs": DEFAULT_NUM_ENVS,
@@ -208,6 +208,8 @@ def recipe_of(
         >>> recipe_of("textgym/Blackjack-v1", {"group_size": 2}, num_envs=2)["learning_rate"]
         0.0003
         >>> recipe_of("textgym/Calculator-v0")
+        {'learning_rate': 0.0005}
+        >>> recipe_of("textgym/FrozenLake-v1")
         {}
     """
     spec = env if isinstance(env, str) else getattr(getattr(env, "spec", None), "id", None)

@@ -20,7 +20,7 @@ from typing import Any
 
 from textgym_agents.ppo.buffer import Turn
 
-__all__ = ["VisitCounts"]
+__all__ = ["VisitCounts", "as_hashable"]
 
 
 class VisitCounts:
@@ -64,10 +64,16 @@ class VisitCounts:
 
     def load_state(self, pairs: Sequence[Sequence[Any]]) -> None:
         """Continue from :meth:`state` (lists, as JSON returns tuples, become tuples again)."""
-        self.counts = {_hashable(anchor): int(count) for anchor, count in pairs}
+        self.counts = {as_hashable(anchor): int(count) for anchor, count in pairs}
 
 
-def _hashable(value: Any) -> Hashable:
+def as_hashable(value: Any) -> Hashable:
+    """An anchor key read back from JSON: lists (JSON's tuples) become tuples again.
+
+    Example:
+        >>> as_hashable(["a", [1, 2]])
+        ('a', (1, 2))
+    """
     if isinstance(value, list):
-        return tuple(_hashable(v) for v in value)
+        return tuple(as_hashable(v) for v in value)
     return value

@@ -61,6 +61,8 @@ def read_generation(turn: Turn, generation: Any, row: int) -> Turn:
         turn.behaviour_logp = generation.behaviour_logps[row]
     if getattr(generation, "logps", None) is not None:  # scored by the rollout
         turn.old_logps = torch.tensor([generation.logps[row]])
+    if getattr(generation, "choice_logps", None) is not None:
+        turn.old_choice_logps = generation.choice_logps[row]
     if getattr(generation, "values", None) is not None:  # None: critic-free
         turn.value = float(generation.values[row])
     return turn

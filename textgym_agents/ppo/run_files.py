@@ -96,6 +96,8 @@ def write_checkpoint(
     }
     if trainer.novelty is not None:
         state["visit_counts"] = trainer.novelty.state()
+    if trainer.choice_returns is not None:
+        state["choice_returns"] = trainer.choice_returns.state()
     json_files = {"trainer_state": state, "optimizer": optimizer_meta, "rng": rng_meta}
     tensors = {"optimizer": optimizer_tensors, "rng": rng_tensors}
     if boundary["envs"] is not None:
@@ -147,6 +149,8 @@ def restore_checkpoint(trainer: PPOTrainer, process: Distributed, path: str | Pa
     trainer.nonfinite_total = int(state.get("nonfinite_total", 0))
     if trainer.novelty is not None:
         trainer.novelty.load_state(state.get("visit_counts", []))
+    if trainer.choice_returns is not None:
+        trainer.choice_returns.load_state(state.get("choice_returns", []))
     rank = process.rank
     own = {"rng": files["rng"], "numpy_rng": state["numpy_rng"], "envs": files.get("envs")}
     if rank:

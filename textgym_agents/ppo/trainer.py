@@ -34,6 +34,7 @@ from textgym_agents.ppo.assembly import (
     scale_learning_rates,
 )
 from textgym_agents.ppo.buffer import RolloutBuffer, Turn
+from textgym_agents.ppo.choice_credit import ChoiceReturns
 from textgym_agents.ppo.estimators import assign_critic_free
 from textgym_agents.ppo.novelty import VisitCounts
 from textgym_agents.ppo.rollout import as_vector_env, cap_episode_turns
@@ -145,6 +146,10 @@ class PPOTrainer:
         self.ent_ctl = core.EntropyController(config.ent_coef, config.entropy_target)
         # The novelty bonus's visit counts (config.novelty_bonus), kept by checkpoints.
         self.novelty = VisitCounts(config.novelty_bonus) if config.novelty_bonus > 0 else None
+        # The all-choices returns table (config.all_choices), kept by checkpoints too.
+        self.choice_returns = (
+            ChoiceReturns(config.all_choices_window) if config.all_choices else None
+        )
         self.rng = np.random.default_rng(process.seed(config.seed))
         # Sampling draws from torch's global generator: seeded here, as TRL's and SB3's
         # trainers do, so collect()/update() loops with one seed sample the same replies.
@@ -313,6 +318,8 @@ class PPOTrainer:
                 scores = policy.score(**score_inputs(turns, todo), values=critic)
                 for row, i in enumerate(todo):
                     turns[i].old_logps = scores.logps[row, : turns[i].scored_tokens].cpu()
+                    every = scores.choice_logps[row] if scores.choice_logps else None
+                    turns[i].old_choice_logps = None if every is None else every.detach().cpu()
                     if critic:
                         turns[i].value = float(scores.values[row])
             # Without a KL penalty the reference is never used: skip its forward pass.
@@ -338,6 +345,8 @@ class PPOTrainer:
         beta = float(self.kl_ctl.value)
         if self.novelty is not None:
             self.novelty.assign(buffer.episodes())
+        if self.choice_returns is not None:
+            self.choice_returns.assign(buffer.episodes(), config.gamma, config.normalize_by_std)
         if not config.uses_critic:
             if self._uses_kl:  # else every turn's KL is 0 (its reference is itself)
                 buffer.compute_kl(config.kl_estimator)
@@ -427,11 +436,12 @@ class PPOTrainer:
 
         With ``config.drop_zero_advantage`` and a critic-free estimator, turns whose advantage
         is exactly 0 carry no policy gradient: they are left out (their entropy term would
-        otherwise act alone); else every turn is kept.
+        otherwise act alone); else every turn is kept. A turn credited over all its choices
+        (``config.all_choices``) is kept while any choice's advantage is nonzero.
         """
         if self.config.uses_critic or not self.config.drop_zero_advantage:
             return turns, order
-        keep = [i for i, turn in enumerate(turns) if turn.advantage != 0.0]
+        keep = [i for i, turn in enumerate(turns) if _credited(turn)]
         if len(keep) == len(turns):
             return turns, order
         renumber = {old: new for new, old in enumerate(keep)}
@@ -608,3 +618,10 @@ class PPOTrainer:
                 self.add_callback(callback)
             callback = None
         return TrainingRun(self).run(total_episodes, resume_from=resume_from, callback=callback)
+
+
+def _credited(turn: Turn) -> bool:
+    """Whether a turn carries a policy gradient (a nonzero advantage, for any of its choices)."""
+    if turn.choice_advantages is not None:
+        return any(a != 0.0 for a in turn.choice_advantages)
+    return turn.advantage != 0.0
