@@ -214,12 +214,12 @@ def micro_batch_loss(
     for row, turn in enumerate(turns):
         if turn.old_logps is None:  # first_pass
             turn.old_logps = scores.logps[row, : turn.scored_tokens].detach().cpu()
-            every = scores.choice_logps[row] if scores.choice_logps else None
-            turn.old_choice_logps = None if every is None else every.detach().cpu()
+            own = scores.choice_logps[row] if scores.choice_logps else None
+            turn.old_choice_logps = None if own is None else own.detach().cpu()
         old[row, : turn.scored_tokens] = turn.old_logps.to(device)
     # Turns credited over all their choices (config.all_choices) take the expected surrogate
     # below instead of the sampled reply's.
-    every = [r for r, t in enumerate(turns) if t.choice_advantages is not None]
+    credited = [r for r, t in enumerate(turns) if t.choice_advantages is not None]
     # Explored turns (config.explore_eps) were drawn from a mixture μ: weighted by π_old / μ.
     advantages = torch.tensor(
         [0.0 if t.choice_advantages is not None else t.advantage * behaviour_weight(t)
@@ -228,11 +228,11 @@ def micro_batch_loss(
     pg_loss, pg_stats = core.policy_loss(
         scores.logps, old, advantages, scores.mask, config.clip_range
     )
-    if every:
+    if credited:
         pg_loss = pg_loss + core.expected_policy_loss(
-            [scores.choice_logps[r] for r in every],  # type: ignore[index]
-            [turns[r].old_choice_logps.to(device) for r in every],  # type: ignore[union-attr]
-            [torch.tensor(turns[r].choice_advantages, device=device) for r in every],
+            [scores.choice_logps[r] for r in credited],  # type: ignore[index]
+            [turns[r].old_choice_logps.to(device) for r in credited],  # type: ignore[union-attr]
+            [torch.tensor(turns[r].choice_advantages, device=device) for r in credited],
             config.clip_range,
         ) / scores.mask.sum().clamp(min=1)
     ent = core.masked_mean(scores.entropy, scores.mask)
