@@ -85,12 +85,13 @@ class ChoiceReturns:
         A turn's return-to-go is of ``reward + bonus`` with discount ``gamma``. An unfinished
         episode (cut by the rollout) has no return yet: its turns get no all-choices
         advantages and keep the estimator's. With ``by_std`` every advantage is divided by
-        the standard deviation of the window's returns.
+        the standard deviation of this rollout's credited advantages (those of turns with any
+        nonzero one), so the update's step does not depend on the scale of the rewards.
 
         Args:
             episodes: The rollout's episodes, each a list of turns in time order.
             gamma: Discount of the returns-to-go.
-            by_std: Scale the advantages by the window's spread of returns.
+            by_std: Scale the advantages by their spread over the rollout.
         """
         finished = [turns for turns in episodes if turns and turns[-1].done]
         played = []
@@ -100,13 +101,14 @@ class ChoiceReturns:
                 if turn.choice_ids is not None and turn.anchor is not None:
                     self.record(turn.anchor, turn.response_ids, ret)
                     played.append(turn)
+        rows = [self.advantages(turn.anchor, turn.choice_ids or []) for turn in played]
         scale = 1.0
-        if by_std and len(self.entries) > 1:
-            scale = float(np.std([ret for _, _, ret in self.entries])) or 1.0
-        for turn in played:
-            assert turn.choice_ids is not None
-            advantages = self.advantages(turn.anchor, turn.choice_ids)
-            turn.choice_advantages = [a / scale for a in advantages]
+        if by_std:  # the spread of the credited advantages, as PPO whitens its own
+            credited = [a for row in rows if any(row) for a in row]
+            scale = float(np.std(credited)) if len(credited) > 1 else 0.0
+            scale = scale if scale > 1e-8 else 1.0
+        for turn, row in zip(played, rows, strict=True):
+            turn.choice_advantages = [a / scale for a in row]
 
     def state(self) -> list[list[Any]]:
         """The window's ``[anchor, reply, return]`` entries, oldest first, for a checkpoint."""

@@ -194,8 +194,8 @@ class PPOConfig:
         "the turn's observation (its anchor key, as GiGPO's), over the run's last "
         "all_choices_window turns, minus the mean from that observation (0 for replies not "
         "played from it there); the update takes PPO's clipped surrogate in expectation over "
-        "the replies (Mean Actor-Critic). Divided by the window's std of returns when "
-        "normalize_by_std. Turns decoded as text keep the estimator's advantage.",
+        "the replies (Mean Actor-Critic). With normalize_by_std, divided by the rollout's "
+        "std of those advantages. Turns decoded as text keep the estimator's advantage.",
     )
     all_choices_window: int = _help(
         4096, "all_choices: the most recent turns whose returns-to-go estimate Q and V."

@@ -101,7 +101,11 @@ def test_returns_table_skips_unfinished_episodes_and_scales_by_the_spread():
     done = [episode([("s", 10)], [2.0]), episode([("s", 11)], [0.0])]
     table.assign([cut, *done], gamma=1.0, by_std=True)
     assert cut[0].choice_advantages is None and len(table.entries) == 2
-    assert done[0][0].choice_advantages == pytest.approx([1.0, -1.0])  # (±1) / std 1
+    assert done[0][0].choice_advantages == pytest.approx([1.0, -1.0])  # (±1) / their std 1
+    doubled = ChoiceReturns(window=100)
+    twice = [episode([("s", 10)], [4.0]), episode([("s", 11)], [0.0])]
+    doubled.assign(twice, gamma=1.0, by_std=True)
+    assert twice[0][0].choice_advantages == pytest.approx([1.0, -1.0])  # the scale is gone
 
 
 def test_returns_table_state_round_trips():
