@@ -31,7 +31,8 @@ def test_reply_logits_in_chunks_change_nothing(monkeypatch, temperature):
     torch.testing.assert_close(split.logps, whole.logps)
     torch.testing.assert_close(split.entropy, whole.entropy)
     for a, b in zip(split_grads, whole_grads, strict=True):
-        torch.testing.assert_close(a, b)
+        # summed in another order: with several OpenMP threads the sums differ by ~4e-5
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
     # without gradients the same chunks run: scoring and training agree to the bit
     assert torch.equal(split_again.logps, split.logps.detach())
     assert torch.equal(whole_again.logps, whole.logps.detach())
