@@ -87,7 +87,7 @@ def play_all(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--episodes", type=int, default=16, help="training episodes")
+    parser.add_argument("--episodes", type=int, default=64, help="training episodes")
     parser.add_argument("--eval-episodes", type=int, default=8)
     parser.add_argument("--questions", type=int, default=2, help="questions shown before/after")
     parser.add_argument("--num-envs", type=int, default=8)
@@ -98,7 +98,8 @@ def main() -> None:
     env_kwargs = {"difficulty": args.difficulty}
     # What `textgym train` uses here: the env's replies are flat JSON objects, so the model
     # continues '{"' and stops at '}' (temperature 0.7: at 1.0 most sampled replies are not
-    # valid JSON), 4 steps per env per rollout, no KL penalty. Print it to see every value.
+    # valid JSON), 4 steps per env per rollout, no KL penalty, and the calculator's measured
+    # learning rate (5e-4). Print it to see every value.
     env = gym.make("textgym/Calculator-v0", **env_kwargs)
     config = PPOConfig.for_env(env)
     policy = PPOPolicy.from_pretrained(args.model, config=config)  # LoRA attached
