@@ -1,34 +1,36 @@
 """Tool use with LoRA PPO: train the embedded SmolLM2 on textgym/Calculator-v0, save, reload.
 
-    python examples/calculator_tool_agent.py [--episodes 16] [--out runs/calculator]
+    python examples/calculator_tool_agent.py [--episodes 64] [--out runs/calculator]
 
 The model must call ``calculator(<expr>)``, read the observation, then answer. The script plays
 a few questions, trains a LoRA adapter by PPO (metrics, checkpoints, learning curve and the final
 policy go to --out), reloads the saved adapter with ``peft.PeftModel.from_pretrained`` on a
 freshly loaded base model and plays the same questions with plain ``transformers`` (greedy
-``generate``). Offline; 469 s in one run on one CPU core (OMP_NUM_THREADS=1). On a CPU shared
-with other jobs, set ``OMP_NUM_THREADS=1``: OpenMP threads fighting for the cores can make it
-several times slower.
-The base model calls the calculator but never stops calling it; three PPO updates (the 16
-default episodes) teach it to answer after the observation. Output (trimmed; numbers vary):
+``generate``). Offline; 313 s in one run on one CPU core (OMP_NUM_THREADS=1; AVX-512 BF16,
+bf16). On a CPU shared with other jobs, set ``OMP_NUM_THREADS=1``: OpenMP threads fighting for
+the cores can make it several times slower.
+Prompted with a worked episode and JSON instructions, the base model already calls the tool and
+answers from the observation on most questions; PPO (64 episodes, about 7 updates) raises the
+share it solves. Output (trimmed; numbers vary):
 
     before training:
-      Q: What is 717 * 72?
-         {"tool": "calculator", "expression": "717 * 72"}
-           -> Observation: 51624
-         {"tool": "calculator", "expression": "51624"}
-           -> Observation: 51624
-         ... (two more calls: the episode ends after 4 turns)
-      solved 0/2
-    before: solved 0.0%, mean return -0.38, invalid replies 9.7%
+      Q: What is 521 + 601?
+         {"tool": "calculator", "expression": "521 + 601"}
+           -> Observation: 1122
+         {"answer": "1122"}
+           -> Result: correct, the answer is 1122.
+      ...
+      solved 2/2
+    before: solved 62.5%, mean return +0.65, invalid replies 0.0%
      after: solved 87.5%, mean return +0.90, invalid replies 0.0%
     reloaded runs/calculator/final/adapter onto ~/.cache/textgym/models/SmolLM2-135M-Instruct
     after training (reloaded):
-      Q: What is 717 * 72?
-         {"tool": "calculator", "expression": "717 * 72"}
-           -> Observation: 51624
-         {"thought": "The calculator returned 51624.", "answer": "51624"}
-           -> Result: correct, the answer is 51624.
+      Q: What is 521 + 601?
+         {"tool": "calculator", "expression": "521 + 601"}
+           -> Observation: 1122
+         {"answer": "1122"}
+           -> Result: correct, the answer is 1122.
+      ...
       solved 2/2
 """
 
