@@ -116,6 +116,8 @@ class ChoiceReturns:
 
     def load_state(self, entries: Sequence[Sequence[Any]]) -> None:
         """Continue from :meth:`state`."""
-        self.__init__(self.window)  # type: ignore[misc]
+        self.entries.clear()
+        self._reply_sums.clear()
+        self._state_sums.clear()
         for anchor, reply, ret in entries:
             self.record(as_hashable(anchor), reply, ret)
