@@ -179,3 +179,24 @@ def test_the_update_takes_the_expected_surrogate_of_credited_turns(monkeypatch):
     assert trained and len(trained) == len(nonzero)
     for got, want in zip(trained, nonzero, strict=True):
         assert got == pytest.approx(want)
+
+
+@pytest.mark.slow
+def test_a_checkpoint_keeps_the_window_of_returns(tmp_path, tiny_dir):
+    from types import SimpleNamespace
+
+    from textgym_agents.ppo.run_files import restore_checkpoint
+
+    def trainer_of_a_saved_model():
+        config = PPOConfig(decoding="choices", all_choices=True, num_steps=2, seed=0)
+        policy = PPOPolicy.from_pretrained(tiny_dir, dtype="float32", config=config)
+        return PPOTrainer(policy, gym.make_vec("textgym/Blackjack-v1", num_envs=4), output_dir=run)
+
+    run = tmp_path / "run"
+    trainer = trainer_of_a_saved_model()
+    trainer.train(8)
+    assert trainer.choice_returns is not None and trainer.choice_returns.entries
+    fresh = trainer_of_a_saved_model()
+    restore_checkpoint(fresh, SimpleNamespace(rank=0, seed=lambda s: s), run)
+    assert fresh.choice_returns is not None
+    assert fresh.choice_returns.entries == trainer.choice_returns.entries
