@@ -25,12 +25,7 @@ share it solves. Output (trimmed; numbers vary):
      after: solved 87.5%, mean return +0.90, invalid replies 0.0%
     reloaded runs/calculator/final/adapter onto ~/.cache/textgym/models/SmolLM2-135M-Instruct
     after training (reloaded):
-      Q: What is 521 + 601?
-         {"tool": "calculator", "expression": "521 + 601"}
-           -> Observation: 1122
-         {"answer": "1122"}
-           -> Result: correct, the answer is 1122.
-      ...
+      ... (the same two questions, played by the reloaded adapter)
       solved 2/2
 """
 
