@@ -25,6 +25,7 @@ __all__ = [
     "VALUE_STATS",
     "behaviour_weight",
     "chained_order",
+    "keep_old_scores",
     "micro_batch_loss",
     "minibatch_loss",
     "minibatches",
@@ -161,6 +162,17 @@ def score_inputs(turns: list[Turn], rows: list[int]) -> dict[str, Any]:
     }
 
 
+def keep_old_scores(turn: Turn, scores: Any, row: int) -> None:
+    """Keep row ``row`` of ``scores`` on ``turn`` as its old log-probs, detached, on the CPU.
+
+    ``old_logps`` holds the turn's scored tokens; ``old_choice_logps`` the log-probs of all its
+    choices, where it has choices (else None).
+    """
+    turn.old_logps = scores.logps[row, : turn.scored_tokens].detach().cpu()
+    every = scores.choice_logps[row] if scores.choice_logps else None
+    turn.old_choice_logps = None if every is None else every.detach().cpu()
+
+
 def micro_batch_loss(
     policy: Any,
     config: Any,
@@ -213,9 +225,7 @@ def micro_batch_loss(
     old = torch.zeros_like(scores.logps)  # (B, T)
     for row, turn in enumerate(turns):
         if turn.old_logps is None:  # first_pass
-            turn.old_logps = scores.logps[row, : turn.scored_tokens].detach().cpu()
-            own = scores.choice_logps[row] if scores.choice_logps else None
-            turn.old_choice_logps = None if own is None else own.detach().cpu()
+            keep_old_scores(turn, scores, row)
         old[row, : turn.scored_tokens] = turn.old_logps.to(device)
     # Turns credited over all their choices (config.all_choices) take the expected surrogate
     # below instead of the sampled reply's.

@@ -44,6 +44,7 @@ from textgym_agents.ppo.steps import (
     VALUE_STATS,
     bootstrap_values,
     chained_order,
+    keep_old_scores,
     minibatch_loss,
     minibatches,
     score_inputs,
@@ -317,9 +318,7 @@ class PPOTrainer:
             if todo:
                 scores = policy.score(**score_inputs(turns, todo), values=critic)
                 for row, i in enumerate(todo):
-                    turns[i].old_logps = scores.logps[row, : turns[i].scored_tokens].cpu()
-                    every = scores.choice_logps[row] if scores.choice_logps else None
-                    turns[i].old_choice_logps = None if every is None else every.detach().cpu()
+                    keep_old_scores(turns[i], scores, row)
                     if critic:
                         turns[i].value = float(scores.values[row])
             # Without a KL penalty the reference is never used: skip its forward pass.
