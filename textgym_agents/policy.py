@@ -24,6 +24,7 @@ from textgym_agents.decoding.constrained import GrammarCompiler, decoding_mode
 from textgym_agents.decoding.generation import Generation, generate_text
 from textgym_agents.decoding.scoring import PolicyScoring, Scores
 from textgym_agents.decoding.shared_prefix import CarriedCaches, continued_states
+from textgym_agents.model.activation_memory import use_lean_activations
 from textgym_agents.model.adapters import ValueHead, attach_lora, hidden_size_of
 from textgym_agents.model.attention import use_gqa_attention
 from textgym_agents.model.loading import load_model, resolve_precision
@@ -108,6 +109,8 @@ class PPOPolicy(PolicyScoring):
         self.model.eval()  # no dropout: PPO's old and new log-probs must match
         if self.config.gqa_attention:
             use_gqa_attention(self.model.get_base_model())
+        if self.config.lean_activations:
+            use_lean_activations(self.model.get_base_model())
 
     @classmethod
     def from_pretrained(

@@ -101,6 +101,13 @@ class PPOConfig:
         "On CPU, run grouped-query attention without copying key/value heads (sdpa_gqa; same "
         "results, faster); False keeps transformers' sdpa.",
     )
+    lean_activations: bool = _help(
+        True,
+        "Training passes keep only the inputs of each RMSNorm and of the MLP's silu(gate) * up "
+        "for the backward pass and recompute the element-wise steps there (same values and "
+        "gradients to the bit, less memory: the norms' float32 copies of bf16 activations "
+        "and one of the MLP's three wide tensors); False keeps transformers' modules.",
+    )
     pack_turns: bool = _help(
         True,
         "Score and train a turn whose prompt and reply begin another turn's prompt inside "
