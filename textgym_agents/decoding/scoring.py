@@ -37,7 +37,7 @@ from textgym_agents.ppo.core import entropy, logprobs_from_logits
 
 __all__ = ["HEAD_CHUNK_POSITIONS", "PolicyScoring", "Scores"]
 
-HEAD_CHUNK_POSITIONS = 256
+HEAD_CHUNK_POSITIONS = 64
 """Reply positions whose logits are computed at once in scoring (see ``_reply_scores``)."""
 
 
@@ -264,30 +264,36 @@ class PolicyScoring:
         allowed: torch.Tensor | None,
         with_entropy: bool,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Log-probs (and entropy) of the reply tokens, a few rows of logits at a time.
+        """Log-probs (and entropy) of the reply tokens, a few positions' logits at a time.
 
         The logits of a reply position are a vocabulary-sized row (49,152 floats for SmolLM2),
         and the log-softmax and entropy keep several such copies for the backward pass, so
         their memory grows with rows × reply length (for the calculator's 40-token replies it
-        was measured to be small; it matters for long replies). Rows go through the head in
-        chunks of about :data:`HEAD_CHUNK_POSITIONS` positions; with gradients each chunk is
-        checkpointed (its logits recomputed in the backward pass), so only one chunk's logits
-        exist at a time. The same chunks are used without gradients, so the
-        scoring pass and the first epoch compute bit-identical log-probs.
+        was measured to be small; it matters for long replies). The reply positions of all rows
+        go through the head in chunks of :data:`HEAD_CHUNK_POSITIONS`; with gradients each
+        chunk is checkpointed (its logits recomputed in the backward pass), so only one
+        chunk's logits exist at a time, whatever the rows' lengths. The same chunks are used
+        without gradients, so the scoring pass and the first epoch compute bit-identical
+        log-probs.
         """
         rows, width = labels.shape
-        step = max(1, HEAD_CHUNK_POSITIONS // max(width, 1))
+        # One position per row: a chunk holds whole positions, not whole replies.
+        hidden = reply_hidden.reshape(rows * width, 1, reply_hidden.shape[-1])
+        flat_labels = labels.reshape(rows * width, 1)
+        if allowed is not None:
+            allowed = allowed.reshape(rows * width, 1, allowed.shape[-1])
         logps, entropies = [], []
-        for start in range(0, rows, step):
-            part = slice(start, start + step)
-            inputs = (reply_hidden[part], labels[part], None if allowed is None else allowed[part])
+        for start in range(0, rows * width, HEAD_CHUNK_POSITIONS):
+            part = slice(start, start + HEAD_CHUNK_POSITIONS)
+            inputs = (hidden[part], flat_labels[part], None if allowed is None else allowed[part])
             if torch.is_grad_enabled():
                 lp, ent = checkpoint(self._head_chunk, *inputs, with_entropy, use_reentrant=False)
             else:
                 lp, ent = self._head_chunk(*inputs, with_entropy)
             logps.append(lp)
             entropies.append(ent)
-        return torch.cat(logps), torch.cat(entropies) if with_entropy else None
+        logp = torch.cat(logps).reshape(rows, width)
+        return logp, torch.cat(entropies).reshape(rows, width) if with_entropy else None
 
     def _head_chunk(
         self,

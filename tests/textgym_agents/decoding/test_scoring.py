@@ -26,7 +26,7 @@ def test_reply_logits_in_chunks_change_nothing(monkeypatch, temperature):
     ]
     responses = [[5 + i] * (3 + 2 * i) for i in range(5)]  # lengths 3..11
     whole, whole_again, whole_grads = scored(policy, prompts, responses)
-    monkeypatch.setattr(scoring, "HEAD_CHUNK_POSITIONS", 1)  # one row of logits at a time
+    monkeypatch.setattr(scoring, "HEAD_CHUNK_POSITIONS", 1)  # one position at a time
     split, split_again, split_grads = scored(policy, prompts, responses)
     torch.testing.assert_close(split.logps, whole.logps)
     torch.testing.assert_close(split.entropy, whole.entropy)
