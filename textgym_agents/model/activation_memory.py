@@ -12,7 +12,8 @@ element-wise blocks of a Llama-style decoder layer that is more than the block's
 their inputs (and the norm's one reciprocal root per row), and in the backward pass recompute
 the element-wise steps and apply the same derivative formulas autograd uses, so values and
 gradients are identical to the bit (tested). On the embedded model in bf16 this removes the
-norms' float32 copies and one of the MLP's three kept tensors: docs/performance.md, "Memory".
+norms' float32 copies and one of the MLP's three kept tensors (docs/performance.md, "What an
+update holds, and keeping less of it").
 
 :func:`use_lean_activations` switches a model's norm and MLP modules to them (the modules
 keep their weights; only ``forward`` changes). It finds candidates by their attributes, as

@@ -30,21 +30,25 @@ def twin_models(dtype):
     return model, lean
 
 
-def logits_and_gradients(model, ids):
+def logits_and_gradients(model, ids, pass_dtype=None):
     model.zero_grad()
-    with mixed_precision(model):
+    with mixed_precision(model, dtype=pass_dtype):
         logits = model(input_ids=ids).logits
     logits.float().log_softmax(-1)[..., 5].sum().backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
     return logits.detach(), grads
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_lean_modules_give_the_same_values_and_gradients_to_the_bit(dtype):
+@pytest.mark.parametrize(
+    ("dtype", "pass_dtype"),
+    [(torch.float32, None), (torch.bfloat16, None), (torch.float32, torch.bfloat16)],
+    ids=["float32", "bfloat16", "bfloat16-passes"],
+)
+def test_lean_modules_give_the_same_values_and_gradients_to_the_bit(dtype, pass_dtype):
     model, lean = twin_models(dtype)
     ids = torch.randint(0, 100, (3, 11), generator=torch.Generator().manual_seed(0))
-    logits, grads = logits_and_gradients(model, ids)
-    lean_logits, lean_grads = logits_and_gradients(lean, ids)
+    logits, grads = logits_and_gradients(model, ids, pass_dtype)
+    lean_logits, lean_grads = logits_and_gradients(lean, ids, pass_dtype)
     assert torch.equal(logits, lean_logits)
     assert grads.keys() == lean_grads.keys() and grads
     for name, grad in grads.items():
