@@ -268,8 +268,9 @@ class PolicyScoring:
 
         The logits of a reply position are a vocabulary-sized row (49,152 floats for SmolLM2),
         and the log-softmax and entropy keep several such copies for the backward pass, so
-        their memory grows with rows × reply length (for the calculator's 40-token replies it
-        was measured to be small; it matters for long replies). The reply positions of all rows
+        their memory grows with the positions computed at once (chunks of whole rows, up to 256
+        positions, cost the calculator's update ~0.15 GB at its peak; docs/performance.md,
+        "What an update holds"). The reply positions of all rows
         go through the head in chunks of :data:`HEAD_CHUNK_POSITIONS`; with gradients each
         chunk is checkpointed (its logits recomputed in the backward pass), so only one
         chunk's logits exist at a time, whatever the rows' lengths. The same chunks are used
