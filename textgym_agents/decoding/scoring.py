@@ -251,7 +251,9 @@ class PolicyScoring:
         reply_hidden = hidden[row_of[:, None], positions]
         vocab = self._lm_head().weight.shape[0]
         allowed = allowed_tokens(responses, reply_width, vocab, device)  # (B, T, V)
-        logps, ent = self._reply_scores(reply_hidden, labels.to(device), allowed, with_entropy)
+        logps, ent = self._reply_scores(
+            reply_hidden, labels.to(device), allowed, with_entropy, mask.to(device)
+        )
         value = None
         if values:
             value = self.value_head(hidden[row_of, positions[:, 0]]).float()
@@ -263,6 +265,7 @@ class PolicyScoring:
         labels: torch.Tensor,
         allowed: torch.Tensor | None,
         with_entropy: bool,
+        mask: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs (and entropy) of the reply tokens, a few positions' logits at a time.
 
@@ -270,21 +273,23 @@ class PolicyScoring:
         and the log-softmax and entropy keep several such copies for the backward pass, so
         their memory grows with the positions computed at once (chunks of whole rows, up to 256
         positions, cost the calculator's update ~0.15 GB at its peak; docs/performance.md,
-        "What an update holds"). The reply positions of all rows
-        go through the head in chunks of :data:`HEAD_CHUNK_POSITIONS`; with gradients each
-        chunk is checkpointed (its logits recomputed in the backward pass), so only one
+        "What an update holds"). Only the positions ``mask`` marks (the replies' own tokens,
+        not the padding after a shorter reply) go through the head, in chunks of
+        :data:`HEAD_CHUNK_POSITIONS`; the others get log-prob and entropy 0. With gradients
+        each chunk is checkpointed (its logits recomputed in the backward pass), so only one
         chunk's logits exist at a time, whatever the rows' lengths. The same chunks are used
         without gradients, so the scoring pass and the first epoch compute bit-identical
         log-probs.
         """
         rows, width = labels.shape
-        # One position per row: a chunk holds whole positions, not whole replies.
-        hidden = reply_hidden.reshape(rows * width, 1, reply_hidden.shape[-1])
-        flat_labels = labels.reshape(rows * width, 1)
+        scored = mask.reshape(-1).nonzero().squeeze(1)  # the reply tokens, row after row
+        # One position per row: a chunk holds positions, not whole replies.
+        hidden = reply_hidden.reshape(rows * width, 1, reply_hidden.shape[-1])[scored]
+        flat_labels = labels.reshape(rows * width, 1)[scored]
         if allowed is not None:
-            allowed = allowed.reshape(rows * width, 1, allowed.shape[-1])
+            allowed = allowed.reshape(rows * width, 1, allowed.shape[-1])[scored]
         logps, entropies = [], []
-        for start in range(0, rows * width, HEAD_CHUNK_POSITIONS):
+        for start in range(0, len(scored), HEAD_CHUNK_POSITIONS):
             part = slice(start, start + HEAD_CHUNK_POSITIONS)
             inputs = (hidden[part], flat_labels[part], None if allowed is None else allowed[part])
             if torch.is_grad_enabled():
@@ -293,8 +298,14 @@ class PolicyScoring:
                 lp, ent = self._head_chunk(*inputs, with_entropy)
             logps.append(lp)
             entropies.append(ent)
-        logp = torch.cat(logps).reshape(rows, width)
-        return logp, torch.cat(entropies).reshape(rows, width) if with_entropy else None
+
+        def placed(parts: list[torch.Tensor]) -> torch.Tensor:
+            full = reply_hidden.new_zeros(rows * width, dtype=torch.float32)
+            if parts:
+                full = full.index_put((scored,), torch.cat(parts).reshape(-1))
+            return full.reshape(rows, width)
+
+        return placed(logps), placed(entropies) if with_entropy else None
 
     def _head_chunk(
         self,

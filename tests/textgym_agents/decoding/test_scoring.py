@@ -38,6 +38,25 @@ def test_reply_logits_in_chunks_change_nothing(monkeypatch, temperature):
     assert torch.equal(whole_again.logps, whole.logps.detach())
 
 
+def test_padding_after_a_shorter_reply_is_not_scored():
+    model, tokenizer = tiny_model()
+    policy = PPOPolicy(model, tokenizer, config=PPOConfig())
+    perturb_adapter(policy)
+    prompts = [policy.encode([{"role": "user", "content": f"q{i}"}]) for i in range(3)]
+    responses = [[5, 6], [7, 8, 9, 10, 11], [12]]
+    scores = policy.score(prompts, responses, with_entropy=True)
+    padding = scores.mask == 0
+    assert padding.sum() == 3 + 4
+    assert torch.all(scores.logps[padding] == 0) and torch.all(scores.entropy[padding] == 0)
+    assert torch.all(scores.logps[~padding] < 0) and torch.all(scores.entropy[~padding] > 0)
+    # each reply's own tokens score as when the row is scored with no padding after it
+    for row, (prompt, response) in enumerate(zip(prompts, responses, strict=True)):
+        alone = policy.score([prompt], [response], with_entropy=True)
+        torch.testing.assert_close(
+            scores.logps[row, : len(response)], alone.logps[0], atol=1e-5, rtol=0
+        )
+
+
 def conversation_rows(policy):
     """Three turns of one episode that keeps its conversation, and one turn of another."""
     chat = [{"role": "user", "content": "What is 2 + 3?"}]
