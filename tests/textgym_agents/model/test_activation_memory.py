@@ -125,6 +125,16 @@ def test_switching_twice_changes_nothing_more():
     assert forwards == [m.forward for m in model.modules() if getattr(m, "_lean_activations", 0)]
 
 
+def test_a_module_with_a_forward_of_its_own_is_skipped_alone():
+    model = tiny_model()[0]
+    norm = model.model.layers[0].input_layernorm  # the first norm the walk meets
+    own = norm.forward
+    norm.forward = lambda hidden_states: own(hidden_states)
+    assert use_lean_activations(model) == 2 * 2 + 1 + 2 - 1  # every other norm, both MLPs
+    assert not getattr(norm, "_lean_activations", False)
+    assert model.model.layers[1].input_layernorm._lean_activations
+
+
 @pytest.mark.parametrize("lean", [True, False])
 def test_the_policy_uses_them_as_configured(lean):
     model, tokenizer = tiny_model()
