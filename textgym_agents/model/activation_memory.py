@@ -33,16 +33,20 @@ from torch import nn
 __all__ = ["lean_activations_enabled", "rms_norm", "swiglu", "use_lean_activations"]
 
 
+def _widened(x: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x`` in float32 and the reciprocal root of its mean square per row, as LlamaRMSNorm."""
+    wide = x.to(torch.float32)
+    return wide, torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + eps)
+
+
 class _RMSNorm(torch.autograd.Function):
     """``weight * (x.float() * rsqrt(mean(x.float()²) + eps)).to(x.dtype)``, keeping ``x``."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        wide = x.to(torch.float32)
-        root = torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + eps)
-        normed = (wide * root).to(x.dtype)
+        wide, root = _widened(x, eps)
         ctx.save_for_backward(x, weight, root)
-        return weight * normed
+        return weight * (wide * root).to(x.dtype)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
@@ -99,8 +103,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """
     plain = x.dtype == torch.float32 or not torch.is_grad_enabled()
     if plain or not (x.requires_grad or weight.requires_grad):
-        wide = x.to(torch.float32)
-        root = torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + eps)
+        wide, root = _widened(x, eps)
         return weight * (wide * root).to(x.dtype)
     return _RMSNorm.apply(x, weight, eps)
 
