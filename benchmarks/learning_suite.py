@@ -187,6 +187,8 @@ def run_cell(args: argparse.Namespace, env_name: str, estimator: str, seed: int)
         if progress_file.exists():  # resumed: the level reached (saved after every update)
             progress.load(progress_file)
         train_kwargs["reverse_curriculum"] = progress
+    elif args.exploring_starts:
+        train_kwargs["exploring_starts"] = True
     envs = gym.make_vec(spec["id"], num_envs=args.num_envs, **train_kwargs)
     config = cell_config(envs, seed, estimator, args.group_size, args.settings)
     policy = PPOPolicy.from_pretrained(args.model, config=config)
@@ -241,6 +243,17 @@ def run_cell(args: argparse.Namespace, env_name: str, estimator: str, seed: int)
         "hands_per_s": episodes / max(seconds, 1e-9),
         "settings": config.to_dict(),
     }
+    if progress is not None:
+        result["starts"] = {
+            "curriculum": {
+                "window": progress.window,
+                "demote_below": progress.demote_below,
+                "first_level": args.curriculum_level,
+                "level": progress.level,
+            }
+        }
+    elif args.exploring_starts:
+        result["starts"] = "exploring"
     for key in ("success", "success_se", "sampling_return"):
         if key in before_data:
             result[f"before_{key}"] = before_data[key]
@@ -355,6 +368,12 @@ def _main() -> None:
         help="tabular envs: start training episodes near the goal (textgym.curriculum)",
     )
     parser.add_argument(
+        "--exploring-starts",
+        action="store_true",
+        help="tabular envs: start every training episode at a random state that can reach the "
+        "goal (textgym.curriculum.ExploringStarts)",
+    )
+    parser.add_argument(
         "--curriculum-window", type=int, default=16, help="episodes per promotion decision"
     )
     parser.add_argument(
@@ -371,6 +390,8 @@ def _main() -> None:
     )
     parser.add_argument("--out", default="runs/learning-suite")
     args = parser.parse_args()
+    if args.curriculum and args.exploring_starts:
+        parser.error("choose one of --curriculum and --exploring-starts")
     out = Path(args.out)
     seeds = [int(s) for s in args.seeds.split(",")]
     for env_name in args.envs.split(","):

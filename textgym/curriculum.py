@@ -39,7 +39,13 @@ import numpy as np
 
 from textgym.atomic import atomic_write_json
 
-__all__ = ["CurriculumProgress", "ReverseCurriculum", "goal_distances", "is_tabular"]
+__all__ = [
+    "CurriculumProgress",
+    "ExploringStarts",
+    "ReverseCurriculum",
+    "goal_distances",
+    "is_tabular",
+]
 
 
 def is_tabular(env: gym.Env[Any, Any]) -> bool:
@@ -211,6 +217,27 @@ def goal_distances(
     return distances, goals
 
 
+def _start_states(env: gym.Env[Any, Any], wrapper: str) -> tuple[dict[int, int], set[int]]:
+    """:func:`goal_distances` of a tabular env, or a clear error where it has no model or goal."""
+    base = env.unwrapped
+    if not is_tabular(env):
+        raise TypeError(
+            f"{wrapper} needs a tabular toy-text env (P, initial_state_distrib); "
+            f"{base!r} lacks them"
+        )
+    distances, goals = goal_distances(base.P, base.initial_state_distrib)  # type: ignore[attr-defined]
+    if not distances:
+        raise ValueError(f"No state of {base!r} can reach a goal")
+    return distances, goals
+
+
+def _move_to(env: gym.Env[Any, Any], states: list[int]) -> int:
+    """Put the agent on one of ``states``, drawn uniformly with the env's own generator."""
+    state = states[int(env.unwrapped.np_random.integers(len(states)))]
+    env.unwrapped.s = state  # type: ignore[attr-defined]
+    return state
+
+
 class ReverseCurriculum(gym.Wrapper[Any, Any, Any, Any]):
     """Start episodes near the goal of a tabular world; move the start back as the agent succeeds.
 
@@ -237,16 +264,8 @@ class ReverseCurriculum(gym.Wrapper[Any, Any, Any, Any]):
 
     def __init__(self, env: gym.Env[Any, Any], progress: CurriculumProgress | None = None) -> None:
         super().__init__(env)
-        base = env.unwrapped
-        if not is_tabular(env):
-            raise TypeError(
-                f"ReverseCurriculum needs a tabular toy-text env (P, initial_state_distrib); "
-                f"{base!r} lacks them"
-            )
         self.progress = CurriculumProgress() if progress is None else progress
-        self.distances, self.goals = goal_distances(base.P, base.initial_state_distrib)
-        if not self.distances:
-            raise ValueError(f"No state of {base!r} can reach a goal")
+        self.distances, self.goals = _start_states(env, "ReverseCurriculum")
         self.max_distance = max(self.distances.values())
         self._level = 0
 
@@ -263,9 +282,7 @@ class ReverseCurriculum(gym.Wrapper[Any, Any, Any, Any]):
         # where a failing window can send the start forward again.
         self._level = 0 if own_start and not self.progress.demote_below else level
         if not own_start:
-            near = sorted(s for s, d in self.distances.items() if d <= level)
-            obs = near[int(self.env.unwrapped.np_random.integers(len(near)))]
-            self.env.unwrapped.s = obs
+            obs = _move_to(self.env, sorted(s for s, d in self.distances.items() if d <= level))
         return obs, {**info, "curriculum_level": 0 if own_start else level}
 
     def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
@@ -275,3 +292,38 @@ class ReverseCurriculum(gym.Wrapper[Any, Any, Any, Any]):
             self.progress.record(terminated and int(obs) in self.goals, self._level)
             self._level = 0
         return obs, reward, terminated, truncated, info
+
+
+class ExploringStarts(gym.Wrapper[Any, Any, Any, Any]):
+    """Start every episode at a state drawn uniformly from all states that can reach the goal.
+
+    The "exploring starts" of Monte Carlo control (Sutton and Barto, *Reinforcement Learning*,
+    section 5.3): training episodes begin all over the world, the env's own start among them,
+    so from the first update some reach the goal (those started near it), and the states that
+    need different moves all appear in every batch. Unlike :class:`ReverseCurriculum` nothing
+    moves with the agent's success, so a policy cannot first learn one move everywhere from
+    starts that all need it. Each reset resets the env (its generator follows the seed), then
+    draws the start with the env's generator: a seed gives the same start.
+
+    Use it for training envs only: evaluate on the env's own start states.
+
+    Args:
+        env: A toy-text env (``unwrapped.P``, ``unwrapped.s``, ``unwrapped.initial_state_distrib``).
+
+    Example:
+        >>> env = ExploringStarts(gym.make("FrozenLake-v1", is_slippery=False))
+        >>> sorted({env.reset(seed=seed)[0] for seed in range(200)})  # not the holes or the goal
+        [0, 1, 2, 3, 4, 6, 8, 9, 10, 13, 14]
+    """
+
+    def __init__(self, env: gym.Env[Any, Any]) -> None:
+        super().__init__(env)
+        distances, self.goals = _start_states(env, "ExploringStarts")
+        self.starts = sorted(distances)
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, dict[str, Any]]:
+        """Reset the env, then move the agent to a start drawn uniformly from :attr:`starts`."""
+        _, info = self.env.reset(seed=seed, options=options)
+        return _move_to(self.env, self.starts), info

@@ -43,7 +43,7 @@ __all__ = [
     "system_prompt_of",
 ]
 
-TRAINING_ONLY = {"reverse_curriculum": "ReverseCurriculum"}
+TRAINING_ONLY = {"reverse_curriculum": "ReverseCurriculum", "exploring_starts": "ExploringStarts"}
 """``gym.make`` options that shape training episodes only, never the env a policy is scored on,
 and the wrapper each adds."""
 _CONTEXT = 60  # characters of each prompt shown around the first difference

@@ -11,7 +11,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from textgym.curriculum import CurriculumProgress, ReverseCurriculum
+from textgym.curriculum import CurriculumProgress, ExploringStarts, ReverseCurriculum
 from textgym.envs.classic import PRESETS, ReportSuccess
 from textgym.envs.minigrid_text import BABYAI_LEVELS
 from textgym.envs.pettingzoo_text import PETTINGZOO_GAMES
@@ -31,6 +31,7 @@ def make_text_env(
     render_mode: str | None = None,
     preset: str | None = None,
     reverse_curriculum: bool | CurriculumProgress = False,
+    exploring_starts: bool = False,
     **kwargs: Any,
 ) -> TextEnvWrapper:
     """Entry point of registered text envs: make the base env, then wrap it.
@@ -43,6 +44,9 @@ def make_text_env(
             back as the agent succeeds (:class:`~textgym.curriculum.ReverseCurriculum`): True,
             or a :class:`~textgym.curriculum.CurriculumProgress` to share between env copies.
             For training envs only.
+        exploring_starts: Start every episode at a state drawn uniformly from all the states of
+            a tabular world that can reach the goal
+            (:class:`~textgym.curriculum.ExploringStarts`). For training envs only.
         **kwargs: Options of :class:`TextEnvWrapper` go to the wrapper; all others go to the
             base env (e.g. ``map_name="8x8"`` for FrozenLake).
 
@@ -51,6 +55,8 @@ def make_text_env(
         >>> env.unwrapped.spec.kwargs["is_slippery"]
         False
     """
+    if exploring_starts and reverse_curriculum is not False:
+        raise ValueError("Choose one of reverse_curriculum and exploring_starts, not both")
     wrapper_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in WRAPPER_OPTIONS}
     spec = PRESETS[preset] if preset is not None else None
     if spec is not None:
@@ -69,6 +75,8 @@ def make_text_env(
     if reverse_curriculum is not False:
         progress = None if reverse_curriculum is True else reverse_curriculum
         base = ReverseCurriculum(base, progress)
+    if exploring_starts:
+        base = ExploringStarts(base)
     if spec is not None and spec.success is not None:
         base = ReportSuccess(base, spec.success)
     return TextEnvWrapper(base, **wrapper_kwargs)

@@ -96,6 +96,21 @@ def test_babyai_trains_on_short_episodes_and_prints_the_bot_beside_random(tiny_d
 
 
 @pytest.mark.slow
+def test_exploring_starts_cells_train_from_anywhere_and_say_so(tiny_dir, tmp_path):
+    out = tmp_path / "suite"
+    run_suite(
+        tiny_dir, out, "--seeds", "0", "--exploring-starts", envs="frozenlake", estimators="gae"
+    )
+    cell = out / "frozenlake" / "gae-seed0"
+    assert json.loads((cell / "result.json").read_text())["starts"] == "exploring"
+    firsts = {
+        json.loads(line)["turns"][0]["messages"][-1]["content"].splitlines()[0]
+        for line in (cell / "run" / "episodes.jsonl").read_text().splitlines()
+    }
+    assert len(firsts) > 1  # not only the env's own start
+
+
+@pytest.mark.slow
 def test_curriculum_cells_save_their_level_and_report_it_on_the_curve(tiny_dir, tmp_path):
     out = tmp_path / "suite"
     extra = ("--seeds", "0", "--curriculum", "--curriculum-window", "2")
@@ -103,6 +118,10 @@ def test_curriculum_cells_save_their_level_and_report_it_on_the_curve(tiny_dir, 
     stdout = run_suite(tiny_dir, out, *extra, envs="frozenlake", estimators="gigpo")
     cell = out / "frozenlake" / "gigpo-seed0"
     level = json.loads((cell / "curriculum.json").read_text())["level"]
+    starts = json.loads((cell / "result.json").read_text())["starts"]
+    assert starts == {
+        "curriculum": {"window": 2, "demote_below": 0.1, "first_level": 2, "level": level}
+    }
     points = [json.loads(line) for line in (cell / "curve.jsonl").read_text().splitlines()]
     assert points and all(point["curriculum_level"] >= 1 for point in points)
     assert points[-1]["curriculum_level"] == level and "curriculum level" in stdout

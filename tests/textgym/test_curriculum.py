@@ -1,4 +1,5 @@
-"""Reverse curriculum: start states near the goal, promotion, and the hand-over to true resets."""
+"""Reverse curriculum (start states near the goal, promotion, the hand-over to true resets) and
+exploring starts (start states anywhere)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,12 @@ import gymnasium as gym
 import pytest
 
 import textgym  # noqa: F401  (registers the text envs)
-from textgym.curriculum import CurriculumProgress, ReverseCurriculum, goal_distances
+from textgym.curriculum import (
+    CurriculumProgress,
+    ExploringStarts,
+    ReverseCurriculum,
+    goal_distances,
+)
 
 RIGHT, DOWN = 2, 1
 
@@ -144,9 +150,49 @@ def test_bad_progress_settings_are_refused(kwargs, message):
         CurriculumProgress(**kwargs)
 
 
-def test_env_without_a_model_is_refused():
-    with pytest.raises(TypeError, match="tabular"):
-        ReverseCurriculum(gym.make("CartPole-v1"))
+@pytest.mark.parametrize("wrapper", [ReverseCurriculum, ExploringStarts])
+def test_env_without_a_model_is_refused(wrapper):
+    with pytest.raises(TypeError, match=f"{wrapper.__name__} needs a tabular"):
+        wrapper(gym.make("CartPole-v1"))
+
+
+def test_exploring_starts_cover_every_state_that_reaches_the_goal_and_follow_the_seed():
+    env = ExploringStarts(lake())
+    starts = [env.reset(seed=seed)[0] for seed in range(400)]
+    assert set(starts) == set(env.starts) == set(ReverseCurriculum(lake()).distances)
+    assert 0 in env.starts  # the env's own start is one of them
+    obs, _ = env.reset(seed=7)
+    assert env.unwrapped.s == obs
+    counts = [starts.count(s) for s in set(starts)]
+    assert min(counts) > 400 / len(counts) / 2  # uniform, not near-the-goal first
+    again = ExploringStarts(lake())
+    assert [again.reset(seed=s)[0] for s in range(10)] == starts[:10]
+
+
+def test_exploring_starts_are_the_curriculum_fixed_at_its_farthest_level():
+    """The same draw as a curriculum at the farthest level: runs of either start alike."""
+    spread = ReverseCurriculum(lake(), CurriculumProgress(level=6, promote_at=1.0))
+    exploring = ExploringStarts(lake())
+    seeds = range(50)
+    assert [exploring.reset(seed=s)[0] for s in seeds] == [spread.reset(seed=s)[0] for s in seeds]
+
+
+def test_cliff_walking_starts_never_on_the_cliff():
+    env = ExploringStarts(gym.make("CliffWalking-v1"))
+    starts = {env.reset(seed=seed)[0] for seed in range(500)}
+    assert 36 in starts and not starts & set(range(37, 48))
+
+
+def test_text_env_with_exploring_starts_shows_where_it_starts():
+    env = gym.make("textgym/FrozenLake-v1", is_slippery=False, exploring_starts=True)
+    firsts = {env.reset(seed=s)[0][-1]["content"].splitlines()[0] for s in range(40)}
+    own_start = "You are at row 0, column 0 (P on the map; rows and columns count from 0)."
+    assert len(firsts) > 5 and own_start in firsts
+
+
+def test_curriculum_and_exploring_starts_together_are_refused():
+    with pytest.raises(ValueError, match="one of reverse_curriculum and exploring_starts"):
+        gym.make("textgym/FrozenLake-v1", reverse_curriculum=True, exploring_starts=True)
 
 
 def test_text_env_copies_share_one_progress_and_show_the_start_state():

@@ -119,3 +119,14 @@ def test_a_curriculum_is_left_out_of_the_recorded_env_and_named():
     messages, info = rebuilt.reset(seed=0)
     assert "row 0, column 0" in messages[-1]["content"] and "curriculum_level" not in info
     assert rebuilt.unwrapped.spec.kwargs["is_slippery"] is False
+
+
+def test_exploring_starts_are_left_out_of_the_recorded_env_and_named():
+    envs = gym.make_vec("textgym/FrozenLake-v1", num_envs=2, exploring_starts=True)
+    record = env_record(envs)
+    assert record["training_only"] == ["exploring_starts"]
+    rebuilt = make_recorded_env(record)
+    assert all(
+        rebuilt.reset(seed=s)[0][-1]["content"].startswith("You are at row 0, column 0")
+        for s in range(20)
+    )

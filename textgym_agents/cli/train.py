@@ -150,6 +150,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "the goal and move the start back as the agent succeeds; evaluations start where the "
         "env does (default: off; on --resume, the run's own)",
     )
+    parser.add_argument(
+        "--exploring-starts",
+        action="store_true",
+        default=None,
+        help="tabular worlds: start every training episode at a random state that can reach "
+        "the goal; evaluations start where the env does (default: off; on --resume, the run's "
+        "own)",
+    )
     add_env_arg(parser)
     add_trust_arg(parser)
     from textgym_agents.ppo.config import PPOConfig  # no torch: --help stays quick
@@ -188,6 +196,7 @@ class _Plan:
     num_envs: int
     eval_episodes: int
     curriculum: bool
+    exploring_starts: bool
     config: Any
     out: Path
     checkpoint: Path | None
@@ -255,16 +264,25 @@ def _plan(args: argparse.Namespace, config_cls: Any) -> _Plan:
     env_args.update(file_train.get("env_args", {}))
     env_args.update(parse_env_args(args.env_arg))
     probe = make_env(env_id, env_args)  # fails early on an unknown env; lists its replies
-    if pick("curriculum", False):  # fails early on an env without a model to start near a goal
+    curriculum, exploring = bool(pick("curriculum", False)), bool(pick("exploring_starts", False))
+    if curriculum and exploring:
+        probe.close()
+        raise UsageError("choose one of --curriculum and --exploring-starts, not both")
+    for flag, on, option in (
+        ("--curriculum", curriculum, "reverse_curriculum"),
+        ("--exploring-starts", exploring, "exploring_starts"),
+    ):
+        if not on:  # else fail early on an env without a model to choose start states from
+            continue
         from textgym.curriculum import is_tabular
 
         if not is_tabular(probe):
             probe.close()
             raise UsageError(
-                f"--curriculum needs a tabular world that publishes its model (env.unwrapped.P, "
+                f"{flag} needs a tabular world that publishes its model (env.unwrapped.P, "
                 f"as FrozenLake, CliffWalking and Taxi do); {env_id} does not"
             )
-        make_env(env_id, {**env_args, "reverse_curriculum": True}).close()
+        make_env(env_id, {**env_args, option: True}).close()
     given = {**saved_ppo, **file_ppo, **flags}
     num_envs = pick("num_envs", per_env["num_envs"])
     sources = {key: "the resumed run's config.json" for key in saved_ppo}
@@ -299,7 +317,8 @@ def _plan(args: argparse.Namespace, config_cls: Any) -> _Plan:
         episodes=pick("episodes", per_env["episodes"]),
         num_envs=num_envs,
         eval_episodes=pick("eval_episodes", per_env["eval_episodes"]),
-        curriculum=bool(pick("curriculum", False)),
+        curriculum=curriculum,
+        exploring_starts=exploring,
         config=config,
         out=out,
         checkpoint=checkpoint,
@@ -382,6 +401,8 @@ def _train_locked(args: argparse.Namespace, agents: Any, process: Any, plan: _Pl
     info.update(num_envs=plan.num_envs, eval_episodes=plan.eval_episodes, sft_data=args.sft_data)
     if plan.curriculum:
         info["curriculum"] = True
+    if plan.exploring_starts:
+        info["exploring_starts"] = True
     if args.sft_data:
         info.update(sft_epochs=args.sft_epochs, sft_learning_rate=args.sft_learning_rate)
     if process.is_main:
@@ -462,12 +483,17 @@ def _train_locked(args: argparse.Namespace, agents: Any, process: Any, plan: _Pl
 
 
 def _curriculum(plan: _Plan, process: Any) -> tuple[dict[str, Any], Any]:
-    """The training envs' extra arguments and the trainer callback of ``--curriculum``.
+    """The training envs' extra arguments and trainer callback: ``--curriculum``'s, or none.
+
+    With ``--exploring-starts`` the envs start anywhere and nothing is saved between updates.
 
     One :class:`~textgym.curriculum.CurriculumProgress` is shared by the training envs and
     written to ``curriculum.json`` in the run directory after every update; a resumed run
     continues from the level written last.
     """
+    if plan.exploring_starts:
+        print("Exploring starts: training episodes start anywhere the goal can be reached from")
+        return {"exploring_starts": True}, None
     if not plan.curriculum:
         return {}, None
     from textgym.curriculum import CurriculumProgress

@@ -340,6 +340,42 @@ def test_curriculum_trains_near_the_goal_evaluates_from_the_start_and_resumes(
     assert json.loads((run / "curriculum.json").read_text())["level"] >= 3
 
 
+@pytest.mark.slow  # two short training runs: about a minute
+def test_exploring_starts_train_from_anywhere_evaluate_from_the_start_and_resume(
+    tiny_dir, tmp_path, capsys
+):
+    """`--exploring-starts`: training episodes start all over the lake; resumed runs keep it."""
+    args = ["train", "textgym/FrozenLake-v1", "-e", "is_slippery=false", "--model", tiny_dir]
+    args += ["--eval-episodes", "1", "--num-steps", "2", "--num-envs", "4", "--no-progress"]
+    run = tmp_path / "run"
+    assert main([*args, "--exploring-starts", "--episodes", "4", "--output", str(run)]) == 0
+    assert "Exploring starts: training episodes start anywhere" in capsys.readouterr().out
+    info = json.loads((run / "cli.json").read_text())
+    assert info["exploring_starts"] is True and "exploring_starts" not in info["env_args"]
+    starts = {
+        episode["turns"][0]["messages"][-1]["content"].splitlines()[0]
+        for episode in map(json.loads, (run / "episodes.jsonl").read_text().splitlines())
+    }
+    assert len(starts) > 1  # not all from the env's own start (row 0, column 0)
+    evaluations = json.loads((run / "evaluations.json").read_text())
+    assert evaluations and all("episodes" in row for row in evaluations)
+    assert main(["train", "--resume", str(run), "--episodes", "8", "--no-progress"]) == 0
+    assert "Exploring starts:" in capsys.readouterr().out
+
+
+def test_exploring_starts_and_the_curriculum_together_are_a_usage_error(tmp_path, capsys):
+    args = ["train", "textgym/FrozenLake-v1", "--curriculum", "--exploring-starts"]
+    assert main([*args, "--output", str(tmp_path / "r")]) == 2
+    assert "choose one of --curriculum and --exploring-starts" in capsys.readouterr().err
+
+
+def test_exploring_starts_on_an_env_without_a_model_is_a_usage_error(tmp_path, capsys):
+    args = ["train", "textgym/CartPole-v1", "--exploring-starts", "--output", str(tmp_path / "r")]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "--exploring-starts needs a tabular world" in err and "Traceback" not in err
+
+
 def test_curriculum_on_an_env_without_a_model_is_a_usage_error(tmp_path, capsys):
     args = ["train", "textgym/CartPole-v1", "--curriculum", "--output", str(tmp_path / "r")]
     assert main(args) == 2
