@@ -1,12 +1,15 @@
-"""Hands/s of the default `textgym train` loop beside the loop before its speed work, in one run.
+"""Episodes/s of the default `textgym train` loop beside the loop before its speed work, in one run.
 
-Both arms train the embedded model on textgym/Blackjack-v1 (16 envs) with the settings
-`textgym train` picks for it (textgym_agents.ppo.defaults.env_defaults). They differ only in
-the speed switches:
+The arms train the embedded model on one env with the settings `textgym train` picks for it
+(textgym_agents.ppo.defaults.env_defaults): textgym/Blackjack-v1 (16 envs; one to three turns
+a hand, choice decoding) or, with ``--env babyai``, textgym/BabyAI-GoToRedBall-v0 with the
+last two turns in each prompt (``history=2``) and 16 steps an episode (choice decoding over
+six actions, long grid descriptions). They differ only in the speed switches:
 
 - before: float32, a separate scoring pass before every update (reuse_rollout_scores=False),
-  transformers' sdpa attention (gqa_attention=False), and every micro-batch running the rows'
-  shared system prompt itself, forward and backward;
+  transformers' sdpa attention (gqa_attention=False), the models' own norm and MLP forward
+  (lean_activations=False), and every micro-batch running the rows' shared system prompt
+  itself, forward and backward;
 - now:    dtype "auto" (bf16 where this machine runs it fast, see textgym_agents.model.precision),
   the rollout's choice log-probs and values reused, sdpa_gqa attention, a minibatch's shared
   prefix run once for all its micro-batches (PolicyScoring.sharing_prefix), and on a bf16
@@ -19,9 +22,10 @@ machine load drifts affect both alike, and each update samples with the same see
 arms, so that (where their numerics agree) they play the same hands. Prints seconds per
 phase, hands/s and the ratio.
 
-    python benchmarks/train_speed.py [--updates 3] [--num-envs 16]
+    python benchmarks/train_speed.py [--updates 3] [--num-envs 16] [--env babyai]
 
-Target: >= 2.5x hands/s where bf16 is fast, >= 1.2x on a machine without fast bf16.
+Targets: Blackjack >= 2.5x hands/s where bf16 is fast, >= 1.2x on a machine without fast bf16;
+BabyAI >= 3x turns/s.
 """
 
 from __future__ import annotations
@@ -40,34 +44,43 @@ from textgym_agents import PPOConfig, PPOPolicy, PPOTrainer
 from textgym_agents.model.precision import cpu_signature
 from textgym_agents.ppo.defaults import env_defaults
 
-ENV = "textgym/Blackjack-v1"
+ENVS = {  # name: (env id, its kwargs, the rate the target is on, target with / without bf16)
+    "blackjack": ("textgym/Blackjack-v1", {}, "hands", (2.5, 1.2)),
+    "babyai": ("textgym/BabyAI-GoToRedBall-v0", {"max_steps": 16, "history": 2}, "turns", (3, 3)),
+}
 ARMS = {
-    "before": ({"reuse_rollout_scores": False, "gqa_attention": False}, "float32"),
+    "before": (
+        {"reuse_rollout_scores": False, "gqa_attention": False, "lean_activations": False},
+        "float32",
+    ),
     "lora32": ({"mixed_precision": False}, "auto"),
     "now": ({}, "auto"),
 }
 PHASES = ("time/rollout_s", "time/score_s", "time/update_s")
 
 
-def make_trainer(overrides: dict, dtype: str, num_envs: int, before: bool) -> PPOTrainer:
-    probe = gym.make(ENV)
-    defaults = env_defaults(reply_choices(probe), {})  # what `textgym train` picks
+def make_trainer(env: str, overrides: dict, dtype: str, num_envs: int, before: bool) -> PPOTrainer:
+    env_id, env_kwargs, *_ = ENVS[env]
+    probe = gym.make(env_id, **env_kwargs)
+    defaults = env_defaults(reply_choices(probe), {})  # the decoding `textgym train` picks
     probe.close()
     config = PPOConfig(**{**defaults, **overrides, "progress": False})
     policy = PPOPolicy.from_pretrained(None, dtype=dtype, config=config)
     if before:  # every micro-batch runs the shared prefix itself
         policy.sharing_prefix = lambda prompts: contextlib.nullcontext()
-    return PPOTrainer(policy, gym.make_vec(ENV, num_envs=num_envs))
+    return PPOTrainer(policy, gym.make_vec(env_id, num_envs=num_envs, **env_kwargs))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--updates", type=int, default=3, help="timed updates per arm")
     parser.add_argument("--num-envs", type=int, default=16)
+    parser.add_argument("--env", choices=sorted(ENVS), default="blackjack")
     args = parser.parse_args()
     torch.manual_seed(0)
     trainers = {
-        name: make_trainer(o, d, args.num_envs, name == "before") for name, (o, d) in ARMS.items()
+        name: make_trainer(args.env, o, d, args.num_envs, name == "before")
+        for name, (o, d) in ARMS.items()
     }
     totals = {name: dict.fromkeys((*PHASES, "seconds", "hands", "turns"), 0.0) for name in ARMS}
     for update in range(args.updates + 1):
@@ -91,7 +104,10 @@ def main() -> None:
     for name, trainer in trainers.items():
         precision = trainer.policy.base_info["precision"]
         print(f"{name}: {precision['dtype']} ({precision['reason']})")
-    print(f"\n{args.updates} updates per arm after one warm-up, {args.num_envs} envs")
+    print(
+        f"\n{ENVS[args.env][0]}: {args.updates} updates per arm after one warm-up, "
+        f"{args.num_envs} envs"
+    )
     header = f"{'arm':8} {'rollout s':>10} {'score s':>8} {'update s':>9} {'turns':>6} {'hands':>6}"
     print(f"{header} {'turns/s':>8} {'hands/s':>8}")
     rate, turn_rate = {}, {}
@@ -109,11 +125,13 @@ def main() -> None:
             f"{name} / before: {rate[name] / rate['before']:.2f}x hands/s, "
             f"{turn_rate[name] / turn_rate['before']:.2f}x turns/s"
         )
-    ratio = rate["now"] / rate["before"]
+    unit, (with_bf16, without_bf16) = ENVS[args.env][2:]
+    rates = rate if unit == "hands" else turn_rate
+    ratio = rates["now"] / rates["before"]
     fast_bf16 = trainers["now"].policy.base_info["precision"]["dtype"] == "bfloat16"
-    target = 2.5 if fast_bf16 else 1.2
+    target = with_bf16 if fast_bf16 else without_bf16
     verdict = "met" if ratio >= target else "NOT met"
-    print(f"now: {ratio:.2f}x hands/s (target >= {target}x: {verdict})")
+    print(f"now: {ratio:.2f}x {unit}/s (target >= {target}x: {verdict})")
     print(f"peak RSS of this process (all arms): {resource.getrusage(0).ru_maxrss / 1e6:.2f} GB")
 
 
