@@ -37,6 +37,8 @@ class CurvePoints:
         [12, 25]
         >>> CurvePoints(path, 10, lambda: {}).last  # a resumed run continues from here
         25
+        >>> CurvePoints(path, 10, lambda: {}).point  # and knows its last point
+        {'episodes': 25, 'return': 1.0}
     """
 
     def __init__(
@@ -51,7 +53,8 @@ class CurvePoints:
         self.measure = measure
         self.report = report
         lines = self.path.read_text().splitlines() if self.path.exists() else []
-        self.last = json.loads(lines[-1])["episodes"] if lines else 0
+        self.point: dict[str, Any] | None = json.loads(lines[-1]) if lines else None
+        self.last = self.point["episodes"] if self.point else 0
 
     def __call__(self, metrics: dict[str, float]) -> None:
         """The trainer's callback: score the policy if a point is due."""
@@ -60,8 +63,9 @@ class CurvePoints:
             return
         self.last = done
         found = self.measure()
+        self.point = {"episodes": done, **found}
         with self.path.open("a") as out:
-            out.write(json.dumps({"episodes": done, **found}) + "\n")
+            out.write(json.dumps(self.point) + "\n")
         if self.report is not None:
             self.report(done, found)
 

@@ -222,10 +222,11 @@ def run_cell(args: argparse.Namespace, env_name: str, estimator: str, seed: int)
 
     curve = CurvePoints(curve_file, args.eval_every, measure, report)
 
-    def after_update(metrics: dict[str, float]) -> None:
+    def after_update(metrics: dict[str, float]) -> bool:
         if progress is not None:
             progress.save(progress_file)
         curve(metrics)
+        return not solved(curve.point, args.stop_at)  # False stops the training
 
     metrics, seconds, episodes = train_cell(trainer, cell / "run", args.episodes, after_update)
     envs.close()
@@ -261,6 +262,18 @@ def run_cell(args: argparse.Namespace, env_name: str, estimator: str, seed: int)
             result[f"after_{key}"] = after[key]
     result_file.write_text(json.dumps(result, indent=2))
     return result
+
+
+def solved(point: dict[str, Any] | None, stop_at: float | None) -> bool:
+    """Whether a curve point's greedy return reached ``--stop-at`` (never without one).
+
+    Example:
+        >>> solved({"episodes": 96, "return": 1.0}, 1.0), solved({"return": 0.5}, 1.0)
+        (True, False)
+        >>> solved({"return": 1.0}, None), solved(None, 1.0)
+        (False, False)
+    """
+    return stop_at is not None and point is not None and point["return"] >= stop_at
 
 
 def untrained_score(args: argparse.Namespace, env_name: str, policy: Any) -> dict[str, Any]:
@@ -366,6 +379,12 @@ def _main() -> None:
         "--curriculum",
         action="store_true",
         help="tabular envs: start training episodes near the goal (textgym.curriculum)",
+    )
+    parser.add_argument(
+        "--stop-at",
+        type=float,
+        default=None,
+        help="end a cell once a curve point's greedy return reaches this (e.g. 1.0: solved)",
     )
     parser.add_argument(
         "--exploring-starts",

@@ -96,13 +96,15 @@ def test_babyai_trains_on_short_episodes_and_prints_the_bot_beside_random(tiny_d
 
 
 @pytest.mark.slow
-def test_exploring_starts_cells_train_from_anywhere_and_say_so(tiny_dir, tmp_path):
+def test_exploring_starts_cells_train_from_anywhere_and_stop_at_the_score_asked(tiny_dir, tmp_path):
     out = tmp_path / "suite"
-    run_suite(
-        tiny_dir, out, "--seeds", "0", "--exploring-starts", envs="frozenlake", estimators="gae"
-    )
+    extra = ("--seeds", "0", "--exploring-starts", "--stop-at", "-1")  # any score: stop at once
+    run_suite(tiny_dir, out, *extra, envs="frozenlake", estimators="gae")
     cell = out / "frozenlake" / "gae-seed0"
-    assert json.loads((cell / "result.json").read_text())["starts"] == "exploring"
+    result = json.loads((cell / "result.json").read_text())
+    assert result["starts"] == "exploring"
+    points = (cell / "curve.jsonl").read_text().splitlines()
+    assert len(points) == 1 and 4 <= result["episodes"] < 8  # stopped at the first point
     firsts = {
         json.loads(line)["turns"][0]["messages"][-1]["content"].splitlines()[0]
         for line in (cell / "run" / "episodes.jsonl").read_text().splitlines()
