@@ -8,11 +8,14 @@ oneDNN's kernel cache, which is configured once per process):
 - ``plain-modules``: the kernel cache bounded as ``import textgym_agents`` does
   (``textgym_agents.model.memory.KERNEL_CACHE_CAPACITY``), transformers' modules.
 - ``now``: textgym's defaults (the bounded cache, ``lean_activations=True``).
+- ``checkpointing``: ``now`` with gradient checkpointing (``gradient_checkpointing=True``: each
+  decoder layer recomputed in the backward pass), the same gradients for more update time.
 
 Each arm loads the model (``--model``, default the embedded one) with ``dtype="auto"``, then
 runs ``--updates`` rollouts and updates of textgym/Calculator-v0 (8 envs, the settings of
 ``PPOConfig.for_env``, the same sampling seed per update in every arm; lean activations change
-no result, so the arms play the same turns up to the kernel cache, which changes none either).
+no result, nor does checkpointing, so the arms play the same turns up to the kernel cache,
+which changes none either).
 Prints the seconds of rollout and update, the resident memory after the last update, the peak
 RSS of each arm (``ru_maxrss``) and each arm's ratios to the first. Pin it to one core for
 comparable times: ``taskset -c 1 env OMP_NUM_THREADS=1 ...``. Results: docs/performance.md,
@@ -36,6 +39,7 @@ ARMS: dict[str, tuple[str | None, dict]] = {  # name: (kernel cache capacity, se
     "onednn-1024": ("1024", {"lean_activations": False}),
     "plain-modules": (None, {"lean_activations": False}),
     "now": (None, {}),
+    "checkpointing": (None, {"gradient_checkpointing": True}),
 }
 MEASURES = ("rollout_s", "update_s", "rss_after_gb", "peak_gb")
 
