@@ -121,10 +121,9 @@ def main() -> None:
         )
     print()
     for name in ("lora32", "now"):
-        print(
-            f"{name} / before: {rate[name] / rate['before']:.2f}x hands/s, "
-            f"{turn_rate[name] / turn_rate['before']:.2f}x turns/s"
-        )
+        hands = f"{rate[name] / rate['before']:.2f}x" if rate["before"] else "—"  # none finished
+        turns = turn_rate[name] / turn_rate["before"]
+        print(f"{name} / before: {hands} hands/s, {turns:.2f}x turns/s")
     unit, (with_bf16, without_bf16) = ENVS[args.env][2:]
     rates = rate if unit == "hands" else turn_rate
     ratio = rates["now"] / rates["before"]

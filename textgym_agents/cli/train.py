@@ -152,11 +152,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--exploring-starts",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
         default=None,
         help="tabular worlds: start every training episode at a random state that can reach "
-        "the goal; evaluations start where the env does (default: off; on --resume, the run's "
-        "own)",
+        "the goal; evaluations start where the env does (default: "
+        f"{_per_env('exploring_starts')}; on --resume, the run's own)",
     )
     add_env_arg(parser)
     add_trust_arg(parser)
@@ -264,7 +264,8 @@ def _plan(args: argparse.Namespace, config_cls: Any) -> _Plan:
     env_args.update(file_train.get("env_args", {}))
     env_args.update(parse_env_args(args.env_arg))
     probe = make_env(env_id, env_args)  # fails early on an unknown env; lists its replies
-    curriculum, exploring = bool(pick("curriculum", False)), bool(pick("exploring_starts", False))
+    curriculum = bool(pick("curriculum", False))  # a curriculum asked for replaces the env's
+    exploring = bool(pick("exploring_starts", not curriculum and per_env["exploring_starts"]))
     if curriculum and exploring:
         probe.close()
         raise UsageError("choose one of --curriculum and --exploring-starts, not both")
@@ -401,8 +402,7 @@ def _train_locked(args: argparse.Namespace, agents: Any, process: Any, plan: _Pl
     info.update(num_envs=plan.num_envs, eval_episodes=plan.eval_episodes, sft_data=args.sft_data)
     if plan.curriculum:
         info["curriculum"] = True
-    if plan.exploring_starts:
-        info["exploring_starts"] = True
+    info["exploring_starts"] = plan.exploring_starts  # a resumed run keeps it, on or off
     if args.sft_data:
         info.update(sft_epochs=args.sft_epochs, sft_learning_rate=args.sft_learning_rate)
     if process.is_main:

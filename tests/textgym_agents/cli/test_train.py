@@ -276,7 +276,7 @@ def test_second_ctrl_c_stops_at_once_without_saving(tiny_dir, tmp_path, default_
     assert trainer.update_step == 0 and list_checkpoints(tmp_path) == []
 
 
-def test_the_default_run_is_the_calculator_recipe_and_flags_win(tmp_path):
+def test_the_default_run_is_the_calculator_recipe_each_env_gets_its_own_and_flags_win(tmp_path):
     import argparse
 
     from textgym_agents.cli.train import _plan, configure
@@ -302,8 +302,15 @@ def test_the_default_run_is_the_calculator_recipe_and_flags_win(tmp_path):
     assert (blackjack.episodes, blackjack.num_envs, blackjack.eval_episodes) == (6000, 16, 50)
     assert blackjack.config.decoding == "choices" and blackjack.config.temperature == 2.0
     assert blackjack.config.advantage_estimator == "gigpo" and blackjack.config.group_size == 4
-    lake = plan("textgym/FrozenLake-v1")  # no measured recipe: the general defaults
-    assert (lake.episodes, lake.config.advantage_estimator) == (500, "gae")
+    lake = plan("textgym/FrozenLake-v1")  # its recipe, starting training episodes anywhere
+    assert (lake.episodes, lake.num_envs, lake.exploring_starts) == (512, 8, True)
+    assert lake.config.advantage_estimator == "gigpo" and lake.config.explore_eps == 0.3
+    assert not plan("textgym/FrozenLake-v1", "--no-exploring-starts").exploring_starts
+    curriculum = plan("textgym/FrozenLake-v1", "--curriculum")  # replaces the default starts
+    assert curriculum.curriculum and not curriculum.exploring_starts
+    cliff = plan("textgym/CliffWalking-v1")  # no measured recipe: the general defaults
+    assert (cliff.episodes, cliff.config.advantage_estimator) == (500, "gae")
+    assert not cliff.exploring_starts
 
 
 def test_resume_of_a_finished_run_without_its_final_policy_writes_it(run_dir, tmp_path, capsys):

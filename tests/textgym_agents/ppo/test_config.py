@@ -74,7 +74,7 @@ def test_for_env_is_the_cli_default_and_settings_win():
     assert config.ent_coef == ENV_RECIPES["textgym/Blackjack-v1"]["ent_coef"]  # its recipe
     assert config.advantage_estimator == "gigpo" and config.anneal_lr
     assert PPOConfig.for_env(env, ent_coef=0.1).ent_coef == 0.1  # given settings win over it
-    assert PPOConfig.for_env("textgym/FrozenLake-v1").ent_coef == CHOICE_DEFAULTS["ent_coef"]
+    assert PPOConfig.for_env("textgym/CliffWalking-v1").ent_coef == CHOICE_DEFAULTS["ent_coef"]
     assert config.num_steps == PPOConfig().num_steps  # one source of the other defaults
     vector = PPOConfig.for_env(gym.make_vec("textgym/Blackjack-v1", num_envs=4))
     assert vector == PPOConfig.for_env("textgym/Blackjack-v1") == PPOConfig.for_env(env)
