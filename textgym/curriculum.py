@@ -1,11 +1,13 @@
-"""Reverse curriculum for tabular worlds: start episodes near the goal, then move the start back.
+"""Where training episodes of tabular worlds start: near the goal first, or anywhere.
 
 A cold-start agent on FrozenLake reaches the goal in about one sampled episode in a hundred, so
 almost every episode ends with the same return and no advantage estimator sees a difference
 between moves. :class:`ReverseCurriculum` starts training episodes a few moves from the goal,
 where random moves often succeed, and moves the start back as the agent succeeds, until
 episodes start where the env itself starts them (after Florensa et al., "Reverse Curriculum
-Generation for Reinforcement Learning", 2017).
+Generation for Reinforcement Learning", 2017). :class:`ExploringStarts` starts every episode
+at a state drawn uniformly from all those that can reach the goal, so the states that need
+different moves share every batch from the first update.
 
 It works on Gymnasium's toy-text worlds (FrozenLake, CliffWalking, Taxi): they publish their
 whole model as ``env.unwrapped.P`` (``P[s][a]`` lists ``(probability, next state, reward,
