@@ -326,13 +326,19 @@ def test_resume_of_a_finished_run_without_its_final_policy_writes_it(run_dir, tm
     PPOPolicy.load(run / "final")
 
 
+def lake_run_args(tiny_dir, num_envs):
+    """`textgym train` on the non-slippery lake, the tiny model, short evaluations and rollouts."""
+    args = ["train", "textgym/FrozenLake-v1", "-e", "is_slippery=false", "--model", tiny_dir]
+    return args + ["--eval-episodes", "1", "--num-steps", "2", "--num-envs", str(num_envs),
+                   "--no-progress"]  # fmt: skip
+
+
 @pytest.mark.slow  # two short training runs: about a minute
 def test_curriculum_trains_near_the_goal_evaluates_from_the_start_and_resumes(
     tiny_dir, tmp_path, capsys
 ):
     """`--curriculum`: the level is saved after every update and read back on --resume."""
-    args = ["train", "textgym/FrozenLake-v1", "-e", "is_slippery=false", "--model", tiny_dir]
-    args += ["--eval-episodes", "1", "--num-steps", "2", "--num-envs", "2", "--no-progress"]
+    args = lake_run_args(tiny_dir, num_envs=2)
     run = tmp_path / "run"
     assert main([*args, "--curriculum", "--episodes", "2", "--output", str(run)]) == 0
     out = capsys.readouterr().out
@@ -348,14 +354,13 @@ def test_curriculum_trains_near_the_goal_evaluates_from_the_start_and_resumes(
 
 
 @pytest.mark.slow  # two short training runs: about a minute
-def test_exploring_starts_train_from_anywhere_evaluate_from_the_start_and_resume(
+def test_frozen_lake_trains_from_anywhere_by_default_and_a_resumed_run_keeps_it(
     tiny_dir, tmp_path, capsys
 ):
-    """`--exploring-starts`: training episodes start all over the lake; resumed runs keep it."""
-    args = ["train", "textgym/FrozenLake-v1", "-e", "is_slippery=false", "--model", tiny_dir]
-    args += ["--eval-episodes", "1", "--num-steps", "2", "--num-envs", "4", "--no-progress"]
+    """FrozenLake's default `--exploring-starts`: training episodes start all over the lake."""
+    args = lake_run_args(tiny_dir, num_envs=4)
     run = tmp_path / "run"
-    assert main([*args, "--exploring-starts", "--episodes", "4", "--output", str(run)]) == 0
+    assert main([*args, "--episodes", "4", "--output", str(run)]) == 0
     assert "Exploring starts: training episodes start anywhere" in capsys.readouterr().out
     info = json.loads((run / "cli.json").read_text())
     assert info["exploring_starts"] is True and "exploring_starts" not in info["env_args"]
