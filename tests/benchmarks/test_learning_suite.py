@@ -99,6 +99,7 @@ def test_babyai_trains_on_short_episodes_and_prints_the_bot_beside_random(tiny_d
 def test_exploring_starts_cells_train_from_anywhere_and_stop_at_the_score_asked(tiny_dir, tmp_path):
     out = tmp_path / "suite"
     extra = ("--seeds", "0", "--exploring-starts", "--stop-at", "-1")  # any score: stop at once
+    extra += ("--settings", '{"sample_episodes": 8, "group_size": 1}')  # log every episode
     run_suite(tiny_dir, out, *extra, envs="frozenlake", estimators="gae")
     cell = out / "frozenlake" / "gae-seed0"
     result = json.loads((cell / "result.json").read_text())

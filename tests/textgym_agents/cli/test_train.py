@@ -358,9 +358,9 @@ def test_frozen_lake_trains_from_anywhere_by_default_and_a_resumed_run_keeps_it(
     tiny_dir, tmp_path, capsys
 ):
     """FrozenLake's default `--exploring-starts`: training episodes start all over the lake."""
-    args = lake_run_args(tiny_dir, num_envs=4)
+    args = lake_run_args(tiny_dir, num_envs=4) + ["--group-size", "2", "--sample-episodes", "8"]
     run = tmp_path / "run"
-    assert main([*args, "--episodes", "4", "--output", str(run)]) == 0
+    assert main([*args, "--episodes", "8", "--output", str(run)]) == 0
     assert "Exploring starts: training episodes start anywhere" in capsys.readouterr().out
     info = json.loads((run / "cli.json").read_text())
     assert info["exploring_starts"] is True and "exploring_starts" not in info["env_args"]
@@ -368,10 +368,11 @@ def test_frozen_lake_trains_from_anywhere_by_default_and_a_resumed_run_keeps_it(
         episode["turns"][0]["messages"][-1]["content"].splitlines()[0]
         for episode in map(json.loads, (run / "episodes.jsonl").read_text().splitlines())
     }
-    assert len(starts) > 1  # not all from the env's own start (row 0, column 0)
+    assert len(starts) > 1  # not all from the env's own start (row 0, column 0); a group's
+    # members share a seed, hence a start: two groups of two, two rounds, every episode logged
     evaluations = json.loads((run / "evaluations.json").read_text())
     assert evaluations and all("episodes" in row for row in evaluations)
-    assert main(["train", "--resume", str(run), "--episodes", "8", "--no-progress"]) == 0
+    assert main(["train", "--resume", str(run), "--episodes", "12", "--no-progress"]) == 0
     assert "Exploring starts:" in capsys.readouterr().out
 
 
