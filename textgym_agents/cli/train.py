@@ -492,7 +492,10 @@ def _curriculum(plan: _Plan, process: Any) -> tuple[dict[str, Any], Any]:
     continues from the level written last.
     """
     if plan.exploring_starts:
-        print("Exploring starts: training episodes start anywhere the goal can be reached from")
+        print(
+            "Exploring starts: training episodes start anywhere the goal can be reached from",
+            flush=True,
+        )
         return {"exploring_starts": True}, None
     if not plan.curriculum:
         return {}, None
