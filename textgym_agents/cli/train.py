@@ -394,6 +394,8 @@ def _train_locked(args: argparse.Namespace, agents: Any, process: Any, plan: _Pl
     defaults = agents.PPOConfig().to_dict()
     changed = {k: v for k, v in plan.config.to_dict().items() if v != defaults.get(k)}
     print("Settings: " + ", ".join(f"{k}={v!r}" for k, v in changed.items()), flush=True)
+    if plan.exploring_starts:
+        print("Exploring starts: training episodes start anywhere the goal can be reached from")
 
     policy = from_pretrained(agents, plan.model, plan.config, dtype=plan.dtype)
     precision = policy.base_info.get("precision") or {}
@@ -492,10 +494,6 @@ def _curriculum(plan: _Plan, process: Any) -> tuple[dict[str, Any], Any]:
     continues from the level written last.
     """
     if plan.exploring_starts:
-        print(
-            "Exploring starts: training episodes start anywhere the goal can be reached from",
-            flush=True,
-        )
         return {"exploring_starts": True}, None
     if not plan.curriculum:
         return {}, None
