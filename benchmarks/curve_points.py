@@ -54,14 +54,17 @@ class CurvePoints:
         self.report = report
         lines = self.path.read_text().splitlines() if self.path.exists() else []
         self.point: dict[str, Any] | None = json.loads(lines[-1]) if lines else None
-        self.last = self.point["episodes"] if self.point else 0
+
+    @property
+    def last(self) -> int:
+        """Training episodes at the last point (0 before the first)."""
+        return self.point["episodes"] if self.point else 0
 
     def __call__(self, metrics: dict[str, float]) -> None:
         """The trainer's callback: score the policy if a point is due."""
         done = int(metrics["env/episodes"])
         if done < self.last + self.every:
             return
-        self.last = done
         found = self.measure()
         self.point = {"episodes": done, **found}
         with self.path.open("a") as out:

@@ -320,8 +320,7 @@ class ExploringStarts(gym.Wrapper[Any, Any, Any, Any]):
 
     def __init__(self, env: gym.Env[Any, Any]) -> None:
         super().__init__(env)
-        distances, self.goals = _start_states(env, "ExploringStarts")
-        self.starts = sorted(distances)
+        self.starts = sorted(_start_states(env, "ExploringStarts")[0])
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
