@@ -189,6 +189,8 @@ def run_cell(args: argparse.Namespace, env_name: str, estimator: str, seed: int)
         train_kwargs["reverse_curriculum"] = progress
     elif args.exploring_starts:
         train_kwargs["exploring_starts"] = True
+    if args.training_max_steps is not None:
+        train_kwargs["training_max_steps"] = args.training_max_steps
     envs = gym.make_vec(spec["id"], num_envs=args.num_envs, **train_kwargs)
     config = cell_config(envs, seed, estimator, args.group_size, args.settings)
     policy = PPOPolicy.from_pretrained(args.model, config=config)
@@ -255,6 +257,8 @@ def run_cell(args: argparse.Namespace, env_name: str, estimator: str, seed: int)
         }
     elif args.exploring_starts:
         result["starts"] = "exploring"
+    if args.training_max_steps is not None:
+        result["training_max_steps"] = args.training_max_steps
     for key in ("success", "success_se", "sampling_return"):
         if key in before_data:
             result[f"before_{key}"] = before_data[key]
@@ -406,6 +410,13 @@ def _main() -> None:
         type=int,
         default=1,
         help="the curriculum's first level: the farthest start, in moves from the goal",
+    )
+    parser.add_argument(
+        "--training-max-steps",
+        type=int,
+        default=None,
+        help="tabular worlds: end training episodes after this many moves (scores keep the "
+        "env's own limit)",
     )
     parser.add_argument("--out", default="runs/learning-suite")
     args = parser.parse_args()

@@ -43,9 +43,14 @@ __all__ = [
     "system_prompt_of",
 ]
 
-TRAINING_ONLY = {"reverse_curriculum": "ReverseCurriculum", "exploring_starts": "ExploringStarts"}
-"""``gym.make`` options that shape training episodes only, never the env a policy is scored on,
-and the wrapper each adds."""
+TRAINING_ONLY = {
+    "reverse_curriculum": "ReverseCurriculum",
+    "exploring_starts": "ExploringStarts",
+    "training_max_steps": "TimeLimit",
+}
+"""``gym.make`` options of textgym's envs that shape training episodes only, never the env a
+policy is scored on (see :func:`~textgym.registration.make_text_env`), and the wrapper each
+adds."""
 _CONTEXT = 60  # characters of each prompt shown around the first difference
 
 

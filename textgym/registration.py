@@ -32,6 +32,7 @@ def make_text_env(
     preset: str | None = None,
     reverse_curriculum: bool | CurriculumProgress = False,
     exploring_starts: bool = False,
+    training_max_steps: int | None = None,
     **kwargs: Any,
 ) -> TextEnvWrapper:
     """Entry point of registered text envs: make the base env, then wrap it.
@@ -47,6 +48,9 @@ def make_text_env(
         exploring_starts: Start every episode at a state drawn uniformly from all the states of
             a tabular world that can reach the goal
             (:class:`~textgym.curriculum.ExploringStarts`). For training envs only.
+        training_max_steps: End episodes after this many moves (truncated), under the env's
+            own turn limit: a short limit keeps a cold-start policy that wanders from filling
+            a rollout with long episodes. For training envs only; scores keep the env's limit.
         **kwargs: Options of :class:`TextEnvWrapper` go to the wrapper; all others go to the
             base env (e.g. ``map_name="8x8"`` for FrozenLake).
 
@@ -77,6 +81,10 @@ def make_text_env(
         base = ReverseCurriculum(base, progress)
     if exploring_starts:
         base = ExploringStarts(base)
+    if training_max_steps is not None:
+        if training_max_steps < 1:
+            raise ValueError(f"training_max_steps must be >= 1, got {training_max_steps}")
+        base = gym.wrappers.TimeLimit(base, training_max_steps)
     if spec is not None and spec.success is not None:
         base = ReportSuccess(base, spec.success)
     return TextEnvWrapper(base, **wrapper_kwargs)

@@ -130,3 +130,16 @@ def test_exploring_starts_are_left_out_of_the_recorded_env_and_named():
         rebuilt.reset(seed=s)[0][-1]["content"].startswith("You are at row 0, column 0")
         for s in range(20)
     )
+
+
+def test_a_training_move_limit_is_left_out_of_the_recorded_env_and_named():
+    envs = gym.make_vec("textgym/CliffWalking-v1", num_envs=2, training_max_steps=3)
+    record = env_record(envs)
+    assert record["training_only"] == ["training_max_steps"]
+    rebuilt = make_recorded_env(record)
+    rebuilt.reset(seed=0)
+    truncated, moves = False, 0
+    while not truncated:  # "up" from the start against the edge: only the env's limit ends it
+        moves += 1
+        truncated = rebuilt.step('{"action": "up"}')[3]
+    assert moves == 100

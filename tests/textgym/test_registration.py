@@ -138,6 +138,15 @@ def test_cliffwalking_is_cut_at_100_turns_though_gymnasiums_has_no_limit():
         assert not terminated and truncated is (turn == 100)
 
 
+def test_a_training_move_limit_truncates_under_the_envs_own_limit():
+    env = gym.make("textgym/CliffWalking-v1", training_max_steps=3)
+    env.reset(seed=0)
+    cut = [env.step('{"action": "up"}')[3] for _ in range(3)]
+    assert cut == [False, False, True] and env.spec.max_episode_steps == 100
+    with pytest.raises(ValueError, match="training_max_steps must be >= 1"):
+        gym.make("textgym/CliffWalking-v1", training_max_steps=0)
+
+
 def test_presets_without_a_goal_report_no_success():
     env = gym.make("textgym/CartPole-v1", max_episode_steps=3)
     env.reset(seed=0)
