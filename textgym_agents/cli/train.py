@@ -79,11 +79,14 @@ per turn) with their common start as reply_prefix; others use free text.
 """
 
 
-def _per_env(key: str) -> str:
-    """A run default for the help text: the general one, then each env's own."""
+_ENV_LIMIT = "the env's own limit"
+
+
+def _per_env(key: str, general: str | None = None) -> str:
+    """A run default for the help text: the general one (or ``general``), then each env's own."""
     own = ", ".join(f"{v[key]} on {env}" for env, v in RUN_DEFAULTS.items() if key in v)
-    general = run_defaults("")[key]
-    return f"{general}; {own}" if own else str(general)
+    general = general or str(run_defaults("")[key])
+    return f"{general}; {own}" if own else general
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -158,6 +161,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "the goal; evaluations start where the env does (default: "
         f"{_per_env('exploring_starts')}; on --resume, the run's own)",
     )
+    parser.add_argument(
+        "--training-max-steps",
+        type=positive_int,
+        metavar="N",
+        help="end training episodes after N moves (truncated), under the env's own turn "
+        "limit, so a wandering cold-start policy cannot fill a rollout with long episodes; "
+        "evaluations keep the env's limit (default: "
+        f"{_per_env('training_max_steps', general=_ENV_LIMIT)}; on --resume, the run's own)",
+    )
     add_env_arg(parser)
     add_trust_arg(parser)
     from textgym_agents.ppo.config import PPOConfig  # no torch: --help stays quick
@@ -197,6 +209,7 @@ class _Plan:
     eval_episodes: int
     curriculum: bool
     exploring_starts: bool
+    training_max_steps: int | None
     config: Any
     out: Path
     checkpoint: Path | None
@@ -284,6 +297,16 @@ def _plan(args: argparse.Namespace, config_cls: Any) -> _Plan:
                 f"as FrozenLake, CliffWalking and Taxi do); {env_id} does not"
             )
         make_env(env_id, {**env_args, option: True}).close()
+    max_steps = pick("training_max_steps", per_env["training_max_steps"])
+    if max_steps is not None:
+        try:  # every textgym/ text env accepts it; fail early on one that does not
+            make_env(env_id, {**env_args, "training_max_steps": max_steps}).close()
+        except CLIError as e:
+            probe.close()
+            raise UsageError(
+                f"--training-max-steps: {env_id} takes no move limit for training episodes (the "
+                f"envs of textgym's Gymnasium presets do: Blackjack, FrozenLake, ...): {e}"
+            ) from e
     given = {**saved_ppo, **file_ppo, **flags}
     num_envs = pick("num_envs", per_env["num_envs"])
     sources = {key: "the resumed run's config.json" for key in saved_ppo}
@@ -320,6 +343,7 @@ def _plan(args: argparse.Namespace, config_cls: Any) -> _Plan:
         eval_episodes=pick("eval_episodes", per_env["eval_episodes"]),
         curriculum=curriculum,
         exploring_starts=exploring,
+        training_max_steps=max_steps,
         config=config,
         out=out,
         checkpoint=checkpoint,
@@ -396,6 +420,11 @@ def _train_locked(args: argparse.Namespace, agents: Any, process: Any, plan: _Pl
     print("Settings: " + ", ".join(f"{k}={v!r}" for k, v in changed.items()), flush=True)
     if plan.exploring_starts:
         print("Exploring starts: training episodes start anywhere the goal can be reached from")
+    if plan.training_max_steps is not None:
+        print(
+            f"Training episodes end after {plan.training_max_steps} moves "
+            "(evaluations keep the env's own limit)"
+        )
 
     policy = from_pretrained(agents, plan.model, plan.config, dtype=plan.dtype)
     precision = policy.base_info.get("precision") or {}
@@ -405,6 +434,8 @@ def _train_locked(args: argparse.Namespace, agents: Any, process: Any, plan: _Pl
     if plan.curriculum:
         info["curriculum"] = True
     info["exploring_starts"] = plan.exploring_starts  # a resumed run keeps it, on or off
+    if plan.training_max_steps is not None:
+        info["training_max_steps"] = plan.training_max_steps
     if args.sft_data:
         info.update(sft_epochs=args.sft_epochs, sft_learning_rate=args.sft_learning_rate)
     if process.is_main:
@@ -433,6 +464,8 @@ def _train_locked(args: argparse.Namespace, agents: Any, process: Any, plan: _Pl
             result = evaluate_policy(agents, policy, env, plan.eval_episodes)
             results.append(("after SFT", env_id, result))
     train_args, callback = _curriculum(plan, process)
+    if plan.training_max_steps is not None:
+        train_args["training_max_steps"] = plan.training_max_steps
     envs = gym.make_vec(env_id, num_envs=plan.num_envs, **plan.env_args, **train_args)
     try:
         policy.learn(

@@ -39,9 +39,10 @@ DEFAULT_NUM_ENVS = 16
 DEFAULT_TRAIN_ENV = "textgym/Calculator-v0"
 """What ``textgym train`` trains on unless told: the env the embedded model learns fastest
 (docs/results.md, "The first run")."""
-# Per env id: episodes, envs, evaluation episodes and where training episodes start
-# (``exploring_starts``, tabular worlds) of a run that shows learning on a laptop CPU
-# (measured: docs/results.md); other envs get the DEFAULT_* numbers above and the env's starts.
+# Per env id: episodes, envs, evaluation episodes, where training episodes start
+# (``exploring_starts``, tabular worlds) and their move limit (``training_max_steps``) of a
+# run that shows learning on a laptop CPU (measured: docs/results.md); other envs get the
+# DEFAULT_* numbers above, the env's starts and its own turn limit.
 RUN_DEFAULTS: dict[str, dict[str, Any]] = {
     "textgym/Calculator-v0": {"episodes": 64, "num_envs": 8, "eval_episodes": 32},
     "textgym/Blackjack-v1": {"episodes": 6000},
@@ -185,6 +186,8 @@ def reply_hints(env: Any) -> tuple[list[str] | None, Mapping[str, Any] | None]:
 def run_defaults(env_id: str) -> dict[str, Any]:
     """What ``textgym train`` runs on ``env_id`` unless told: episodes, envs, evaluations, starts.
 
+    ``training_max_steps`` None: training episodes end at the env's own turn limit.
+
     Example:
         >>> run_defaults("textgym/Calculator-v0")["episodes"]
         64
@@ -195,6 +198,7 @@ def run_defaults(env_id: str) -> dict[str, Any]:
         ...     "num_envs": DEFAULT_NUM_ENVS,
         ...     "eval_episodes": DEFAULT_EVAL_EPISODES,
         ...     "exploring_starts": False,
+        ...     "training_max_steps": None,
         ... }
         True
     """
@@ -203,6 +207,7 @@ def run_defaults(env_id: str) -> dict[str, Any]:
         "num_envs": DEFAULT_NUM_ENVS,
         "eval_episodes": DEFAULT_EVAL_EPISODES,
         "exploring_starts": False,
+        "training_max_steps": None,
     }
     values.update(RUN_DEFAULTS.get(env_id, {}))
     return values

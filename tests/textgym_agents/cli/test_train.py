@@ -304,6 +304,8 @@ def test_the_default_run_is_the_calculator_recipe_each_env_gets_its_own_and_flag
     assert blackjack.config.advantage_estimator == "gigpo" and blackjack.config.group_size == 4
     lake = plan("textgym/FrozenLake-v1")  # its recipe, starting training episodes anywhere
     assert (lake.episodes, lake.num_envs, lake.exploring_starts) == (512, 8, True)
+    assert lake.training_max_steps is None  # the env's own limit
+    assert plan("textgym/FrozenLake-v1", "--training-max-steps", "9").training_max_steps == 9
     assert lake.config.advantage_estimator == "gigpo" and lake.config.explore_eps == 0.3
     assert not plan("textgym/FrozenLake-v1", "--no-exploring-starts").exploring_starts
     curriculum = plan("textgym/FrozenLake-v1", "--curriculum")  # replaces the default starts
@@ -354,26 +356,32 @@ def test_curriculum_trains_near_the_goal_evaluates_from_the_start_and_resumes(
 
 
 @pytest.mark.slow  # two short training runs: about a minute
-def test_frozen_lake_trains_from_anywhere_by_default_and_a_resumed_run_keeps_it(
+def test_frozen_lake_trains_from_anywhere_by_default_and_a_resumed_run_keeps_its_starts(
     tiny_dir, tmp_path, capsys
 ):
     """FrozenLake's default `--exploring-starts`: training episodes start all over the lake."""
     args = lake_run_args(tiny_dir, num_envs=4) + ["--group-size", "2", "--sample-episodes", "8"]
     run = tmp_path / "run"
+    args += ["--training-max-steps", "3"]
     assert main([*args, "--episodes", "8", "--output", str(run)]) == 0
-    assert "Exploring starts: training episodes start anywhere" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "Exploring starts: training episodes start anywhere" in out
+    assert "Training episodes end after 3 moves" in out
     info = json.loads((run / "cli.json").read_text())
     assert info["exploring_starts"] is True and "exploring_starts" not in info["env_args"]
+    assert info["training_max_steps"] == 3 and "training_max_steps" not in info["env_args"]
+    episodes = [json.loads(line) for line in (run / "episodes.jsonl").read_text().splitlines()]
+    assert max(len(episode["turns"]) for episode in episodes) <= 3
     starts = {
-        episode["turns"][0]["messages"][-1]["content"].splitlines()[0]
-        for episode in map(json.loads, (run / "episodes.jsonl").read_text().splitlines())
+        episode["turns"][0]["messages"][-1]["content"].splitlines()[0] for episode in episodes
     }
     assert len(starts) > 1  # not all from the env's own start (row 0, column 0); a group's
     # members share a seed, hence a start: two groups of two, two rounds, every episode logged
     evaluations = json.loads((run / "evaluations.json").read_text())
     assert evaluations and all("episodes" in row for row in evaluations)
     assert main(["train", "--resume", str(run), "--episodes", "12", "--no-progress"]) == 0
-    assert "Exploring starts:" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "Exploring starts:" in out and "Training episodes end after 3 moves" in out
 
 
 def test_exploring_starts_and_the_curriculum_together_are_a_usage_error(tmp_path, capsys):
@@ -387,6 +395,14 @@ def test_exploring_starts_on_an_env_without_a_model_is_a_usage_error(tmp_path, c
     assert main(args) == 2
     err = capsys.readouterr().err
     assert "--exploring-starts needs a tabular world" in err and "Traceback" not in err
+
+
+def test_a_training_move_limit_on_an_env_that_takes_none_is_a_usage_error(tmp_path, capsys):
+    args = ["train", "--training-max-steps", "3", "--output", str(tmp_path / "r")]  # calculator
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "--training-max-steps: textgym/Calculator-v0 takes no move limit" in err
+    assert "Traceback" not in err and not (tmp_path / "r").exists()
 
 
 def test_curriculum_on_an_env_without_a_model_is_a_usage_error(tmp_path, capsys):
