@@ -4,7 +4,10 @@ The arms train the embedded model on one env with the settings `textgym train` p
 (textgym_agents.ppo.defaults.env_defaults): textgym/Blackjack-v1 (16 envs; one to three turns
 a hand, choice decoding) or, with ``--env babyai``, textgym/BabyAI-GoToRedBall-v0 with the
 last two turns in each prompt (``history=2``) and 16 steps an episode (choice decoding over
-six actions, long grid descriptions). They differ only in the speed switches:
+six actions, long grid descriptions), or with ``--env cliffwalking`` textgym/CliffWalking-v1 as
+`textgym train` trains it (its recipe: GiGPO in groups of 4; training episodes start anywhere
+and end after 20 moves; four moves to choose from, one 4 x 12 grid per prompt, states that
+repeat within a batch). They differ only in the speed switches:
 
 - before: float32, a separate scoring pass before every update (reuse_rollout_scores=False),
   transformers' sdpa attention (gqa_attention=False), the models' own norm and MLP forward
@@ -15,7 +18,9 @@ six actions, long grid descriptions). They differ only in the speed switches:
   prefix run once for all its micro-batches (PolicyScoring.sharing_prefix), and on a bf16
   base the LoRA products in bf16 too (mixed_precision);
 - lora32:  "now" with the LoRA products in fp32 (mixed_precision=False; the same as "now" where
-  "auto" picks float32), to show what mixed precision adds.
+  "auto" picks float32), to show what mixed precision adds;
+- unshared: "now" with a row per turn where turns show the same prompt
+  (share_repeated_prompts=False), to show what running a repeated prompt once adds.
 
 The arms alternate update by update in one process (after one warm-up update each), so
 machine load drifts affect both alike, and each update samples with the same seed in both
@@ -23,6 +28,9 @@ arms, so that (where their numerics agree) they play the same hands. Prints seco
 phase, hands/s and the ratio.
 
     python benchmarks/train_speed.py [--updates 3] [--num-envs 16] [--env babyai]
+    python benchmarks/train_speed.py --env cliffwalking --num-envs 8 --arms unshared,now
+
+``--arms`` picks the arms (default: before, lora32, now); ratios are to the first one named.
 
 Targets: Blackjack >= 2.5x hands/s where bf16 is fast, >= 1.2x on a machine without fast bf16;
 BabyAI >= 3x turns/s.
@@ -34,6 +42,7 @@ import argparse
 import contextlib
 import resource
 import time
+from typing import Any
 
 import gymnasium as gym
 import torch
@@ -44,27 +53,48 @@ from textgym_agents import PPOConfig, PPOPolicy, PPOTrainer
 from textgym_agents.model.precision import cpu_signature
 from textgym_agents.ppo.defaults import env_defaults
 
-ENVS = {  # name: (env id, its kwargs, the rate the target is on, target with / without bf16)
-    "blackjack": ("textgym/Blackjack-v1", {}, "hands", (2.5, 1.2)),
-    "babyai": ("textgym/BabyAI-GoToRedBall-v0", {"max_steps": 16, "history": 2}, "turns", (3, 3)),
+# name: (env id, its kwargs, the rate the target is on, target with / without bf16 or None,
+# settings over the decoding defaults)
+ENVS: dict[str, tuple[str, dict[str, Any], str, tuple[float, float] | None, dict[str, Any]]] = {
+    "blackjack": ("textgym/Blackjack-v1", {}, "hands", (2.5, 1.2), {}),
+    "babyai": (
+        "textgym/BabyAI-GoToRedBall-v0",
+        {"max_steps": 16, "history": 2},
+        "turns",
+        (3, 3),
+        {},
+    ),
+    "cliffwalking": (
+        "textgym/CliffWalking-v1",
+        {"exploring_starts": True, "training_max_steps": 20},
+        "turns",
+        None,
+        {"advantage_estimator": "gigpo", "group_size": 4, "explore_eps": 0.3},
+    ),
 }
 ARMS = {
     "before": (
-        {"reuse_rollout_scores": False, "gqa_attention": False, "lean_activations": False},
+        {
+            "reuse_rollout_scores": False,
+            "gqa_attention": False,
+            "lean_activations": False,
+            "share_repeated_prompts": False,
+        },
         "float32",
     ),
     "lora32": ({"mixed_precision": False}, "auto"),
+    "unshared": ({"share_repeated_prompts": False}, "auto"),
     "now": ({}, "auto"),
 }
 PHASES = ("time/rollout_s", "time/score_s", "time/update_s")
 
 
 def make_trainer(env: str, overrides: dict, dtype: str, num_envs: int, before: bool) -> PPOTrainer:
-    env_id, env_kwargs, *_ = ENVS[env]
+    env_id, env_kwargs, _, _, settings = ENVS[env]
     probe = gym.make(env_id, **env_kwargs)
     defaults = env_defaults(reply_choices(probe), {})  # the decoding `textgym train` picks
     probe.close()
-    config = PPOConfig(**{**defaults, **overrides, "progress": False})
+    config = PPOConfig(**{**defaults, **settings, **overrides, "progress": False})
     policy = PPOPolicy.from_pretrained(None, dtype=dtype, config=config)
     if before:  # every micro-batch runs the shared prefix itself
         policy.sharing_prefix = lambda prompts: contextlib.nullcontext()
@@ -76,13 +106,16 @@ def main() -> None:
     parser.add_argument("--updates", type=int, default=3, help="timed updates per arm")
     parser.add_argument("--num-envs", type=int, default=16)
     parser.add_argument("--env", choices=sorted(ENVS), default="blackjack")
+    parser.add_argument("--arms", default="before,lora32,now", help=f"of {', '.join(ARMS)}")
     args = parser.parse_args()
+    arms = args.arms.split(",")
+    if len(arms) < 2 or not set(arms) <= set(ARMS):
+        parser.error(f"--arms: two or more of {', '.join(ARMS)}")
     torch.manual_seed(0)
     trainers = {
-        name: make_trainer(args.env, o, d, args.num_envs, name == "before")
-        for name, (o, d) in ARMS.items()
+        name: make_trainer(args.env, *ARMS[name], args.num_envs, name == "before") for name in arms
     }
-    totals = {name: dict.fromkeys((*PHASES, "seconds", "hands", "turns"), 0.0) for name in ARMS}
+    totals = {name: dict.fromkeys((*PHASES, "seconds", "hands", "turns"), 0.0) for name in arms}
     for update in range(args.updates + 1):
         for name, trainer in trainers.items():
             # The same sampling seed for every arm: their log-probs agree (fp32: to rounding),
@@ -120,17 +153,19 @@ def main() -> None:
             f"{turn_rate[name]:8.3f} {rate[name]:8.3f}"
         )
     print()
-    for name in ("lora32", "now"):
-        hands = f"{rate[name] / rate['before']:.2f}x" if rate["before"] else "—"  # none finished
-        turns = turn_rate[name] / turn_rate["before"]
-        print(f"{name} / before: {hands} hands/s, {turns:.2f}x turns/s")
-    unit, (with_bf16, without_bf16) = ENVS[args.env][2:]
-    rates = rate if unit == "hands" else turn_rate
-    ratio = rates["now"] / rates["before"]
-    fast_bf16 = trainers["now"].policy.base_info["precision"]["dtype"] == "bfloat16"
-    target = with_bf16 if fast_bf16 else without_bf16
-    verdict = "met" if ratio >= target else "NOT met"
-    print(f"now: {ratio:.2f}x {unit}/s (target >= {target}x: {verdict})")
+    base = arms[0]
+    for name in arms[1:]:
+        hands = f"{rate[name] / rate[base]:.2f}x" if rate[base] else "—"  # none finished
+        turns = turn_rate[name] / turn_rate[base]
+        print(f"{name} / {base}: {hands} hands/s, {turns:.2f}x turns/s")
+    unit, targets = ENVS[args.env][2:4]
+    if targets is not None and {"before", "now"} <= set(arms):
+        rates = rate if unit == "hands" else turn_rate
+        ratio = rates["now"] / rates["before"]
+        fast_bf16 = trainers["now"].policy.base_info["precision"]["dtype"] == "bfloat16"
+        target = targets[0] if fast_bf16 else targets[1]
+        verdict = "met" if ratio >= target else "NOT met"
+        print(f"now: {ratio:.2f}x {unit}/s (target >= {target}x: {verdict})")
     print(f"peak RSS of this process (all arms): {resource.getrusage(0).ru_maxrss / 1e6:.2f} GB")
 
 

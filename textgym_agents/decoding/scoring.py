@@ -138,8 +138,33 @@ class PolicyScoring:
         Each prompt runs once and its choices on top of its key/value cache, at most
         ``config.choice_batch_size`` choices per forward pass; a prompt with more choices has them
         scored in pieces that are checkpointed under gradients, so memory does not grow with the
-        number of choices (see :func:`~textgym_agents.decoding.choices.score_choices`).
+        number of choices (see :func:`~textgym_agents.decoding.choices.score_choices`). With
+        ``config.share_repeated_prompts``, a prompt given again with the same choices runs once
+        and its rows share one result (a loss over them sums their gradients).
         """
+        if self.config.share_repeated_prompts:
+            first: dict[Any, int] = {}  # a distinct (prompt, choices): its place in `rows`
+            rows: list[int] = []  # the first row of each distinct one
+            index = []
+            for b, (prompt, options) in enumerate(zip(prompts, choices, strict=True)):
+                key = (tuple(prompt), tuple(map(tuple, options)))
+                if key not in first:
+                    first[key] = len(rows)
+                    rows.append(b)
+                index.append(first[key])
+            if len(rows) < len(prompts):
+                shared = self._score_distinct(
+                    [prompts[b] for b in rows], [choices[b] for b in rows], values
+                )
+                return ChoiceScores(
+                    [shared.logps[i] for i in index],
+                    None if shared.values is None else shared.values[index],
+                )
+        return self._score_distinct(prompts, choices, values)
+
+    def _score_distinct(
+        self, prompts: Sequence[list[int]], choices: Sequence[Sequence[list[int]]], values: bool
+    ) -> ChoiceScores:
         return score_choices(
             self._choice_scorer,
             prompts,

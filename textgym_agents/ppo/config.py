@@ -96,6 +96,13 @@ class PPOConfig:
         "computation) instead of scoring the batch again before the update; with a KL "
         "penalty the batch is scored again (beside the reference) either way.",
     )
+    share_repeated_prompts: bool = _help(
+        True,
+        "Choices: score each distinct prompt (with its replies) once per forward pass and let "
+        "every turn that shows it share the result, its gradient summed over them: worlds "
+        "whose states repeat within a batch (FrozenLake, CliffWalking, Blackjack) run far "
+        "fewer rows; the same values up to rounding. False runs a row per turn.",
+    )
     gqa_attention: bool = _help(
         True,
         "On CPU, run grouped-query attention without copying key/value heads (sdpa_gqa; same "

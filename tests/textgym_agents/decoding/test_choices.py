@@ -85,6 +85,37 @@ def test_probabilities_sum_to_one_and_chunking_does_not_change_them():
     torch.testing.assert_close(whole.values, plain_values, atol=1e-5, rtol=1e-5)
 
 
+def test_a_repeated_prompt_runs_once_and_its_rows_share_scores_and_gradients(monkeypatch):
+    """share_repeated_prompts: the same log-probs, values and LoRA gradients as a row per turn."""
+    prompts_text = ["a", "bb", "a", "a", "bb", "a longer question"]
+    results = {}
+    for share in (True, False):
+        policy = blackjack_policy(share_repeated_prompts=share)
+        prompts = [policy.encode(conversation(t)) for t in prompts_text]
+        choices = [policy.choice_ids(["stick", "hit"])] * 5 + [policy.choice_ids(["x", "y"])]
+        rows = []
+        scorer = policy._choice_scorer
+        monkeypatch.setattr(
+            policy, "_choice_scorer", lambda p, c, v, s=scorer: rows.append(len(p)) or s(p, c, v)
+        )
+        scores = policy.score_choices(prompts, choices, values=True)
+        picked = [0, 1, 1, 0, 1, 0]  # rows 0, 2, 3 show one prompt and differ in their pick
+        loss = scores.chosen(picked).mul(torch.arange(1.0, 7.0)).sum() + scores.values.sum()
+        loss.backward()
+        grads = {
+            n: p.grad.clone() for n, p in policy.model.named_parameters() if p.grad is not None
+        }
+        results[share] = (sum(rows), scores, grads)
+    (shared_rows, shared, shared_grads), (rows, single, grads) = results[True], results[False]
+    assert (shared_rows, rows) == (3, 6)
+    for a, b in zip(shared.logps, single.logps, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(shared.values, single.values, atol=1e-5, rtol=1e-5)
+    assert grads and shared_grads.keys() == grads.keys()
+    for name, grad in grads.items():
+        torch.testing.assert_close(shared_grads[name], grad, atol=1e-5, rtol=1e-4)
+
+
 def test_hundreds_of_choices_in_bounded_pieces():
     policy = blackjack_policy(choice_batch_size=64)
     words = [f"{a}{b}" for a in "abcdefghijklmnopqrstuvwxyz" for b in "0123456789xyz"][:300]
