@@ -96,7 +96,9 @@ def test_a_repeated_prompt_runs_once_and_its_rows_share_scores_and_gradients(mon
         rows = []
         scorer = policy._choice_scorer
         monkeypatch.setattr(
-            policy, "_choice_scorer", lambda p, c, v, s=scorer: rows.append(len(p)) or s(p, c, v)
+            policy,
+            "_choice_scorer",
+            lambda p, c, v, s=scorer, r=rows: r.append(len(p)) or s(p, c, v),
         )
         scores = policy.score_choices(prompts, choices, values=True)
         picked = [0, 1, 1, 0, 1, 0]  # rows 0, 2, 3 show one prompt and differ in their pick
