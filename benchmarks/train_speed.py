@@ -2,7 +2,8 @@
 
 The arms train the embedded model on one env with the settings `textgym train` picks for it
 (textgym_agents.ppo.defaults.env_defaults): textgym/Blackjack-v1 (16 envs; one to three turns
-a hand, choice decoding) or, with ``--env babyai``, textgym/BabyAI-GoToRedBall-v0 with the
+a hand, choice decoding; ``--env blackjack-groups``: in GiGPO's seed-shared groups of 4, as
+`textgym train` trains it) or, with ``--env babyai``, textgym/BabyAI-GoToRedBall-v0 with the
 last two turns in each prompt (``history=2``) and 16 steps an episode (choice decoding over
 six actions, long grid descriptions), or with ``--env cliffwalking`` textgym/CliffWalking-v1 as
 `textgym train` trains it (its recipe: GiGPO in groups of 4; training episodes start anywhere
@@ -57,6 +58,13 @@ from textgym_agents.ppo.defaults import env_defaults
 # settings over the decoding defaults)
 ENVS: dict[str, tuple[str, dict[str, Any], str, tuple[float, float] | None, dict[str, Any]]] = {
     "blackjack": ("textgym/Blackjack-v1", {}, "hands", (2.5, 1.2), {}),
+    "blackjack-groups": (  # as `textgym train` trains it: seed-shared groups of 4
+        "textgym/Blackjack-v1",
+        {},
+        "hands",
+        None,
+        {"advantage_estimator": "gigpo", "group_size": 4},
+    ),
     "babyai": (
         "textgym/BabyAI-GoToRedBall-v0",
         {"max_steps": 16, "history": 2},
