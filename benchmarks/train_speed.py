@@ -5,19 +5,20 @@ The arms train the embedded model on one env with the settings `textgym train` p
 a hand, choice decoding; ``--env blackjack-groups``: in GiGPO's seed-shared groups of 4, as
 `textgym train` trains it) or, with ``--env babyai``, textgym/BabyAI-GoToRedBall-v0 with the
 last two turns in each prompt (``history=2``) and 16 steps an episode (choice decoding over
-six actions, long grid descriptions), or with ``--env cliffwalking`` textgym/CliffWalking-v1 as
-`textgym train` trains it (its recipe: GiGPO in groups of 4; training episodes start anywhere
-and end after 20 moves; four moves to choose from, one 4 x 12 grid per prompt, states that
-repeat within a batch). They differ only in the speed switches:
+six actions, long grid descriptions), or with ``--env cliffwalking`` textgym/CliffWalking-v1
+as its learning cells in docs/results.md train it (GiGPO in groups of 4; training episodes start
+anywhere and end after 20 moves; four moves to choose from, one 4 x 12 grid per prompt, states
+that repeat within a batch). They differ only in the speed switches:
 
 - before: float32, a separate scoring pass before every update (reuse_rollout_scores=False),
   transformers' sdpa attention (gqa_attention=False), the models' own norm and MLP forward
-  (lean_activations=False), and every micro-batch running the rows' shared system prompt
-  itself, forward and backward;
+  (lean_activations=False), a row per turn where turns show the same prompt
+  (share_repeated_prompts=False), and every micro-batch running the rows' shared system
+  prompt itself, forward and backward;
 - now:    dtype "auto" (bf16 where this machine runs it fast, see textgym_agents.model.precision),
   the rollout's choice log-probs and values reused, sdpa_gqa attention, a minibatch's shared
-  prefix run once for all its micro-batches (PolicyScoring.sharing_prefix), and on a bf16
-  base the LoRA products in bf16 too (mixed_precision);
+  prefix run once for all its micro-batches (PolicyScoring.sharing_prefix), a repeated
+  prompt run once, and on a bf16 base the LoRA products in bf16 too (mixed_precision);
 - lora32:  "now" with the LoRA products in fp32 (mixed_precision=False; the same as "now" where
   "auto" picks float32), to show what mixed precision adds;
 - unshared: "now" with a row per turn where turns show the same prompt
