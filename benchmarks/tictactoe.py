@@ -92,7 +92,12 @@ def run_cell(args: argparse.Namespace, seed: int) -> dict[str, Any]:
     result_file = cell / "result.json"
     if result_file.exists():
         return json.loads(result_file.read_text())
-    envs = gym.make_vec(ENV_ID, num_envs=args.num_envs, opponent=args.train_opponent)
+    envs = gym.make_vec(
+        ENV_ID,
+        num_envs=args.num_envs,
+        opponent=args.train_opponent,
+        **({"exploring_starts": True} if args.exploring_starts else {}),
+    )
     config = cell_config(envs, seed, args.estimator, args.group_size, args.settings)
     policy = PPOPolicy.from_pretrained(args.model, config=config)
     cell.mkdir(parents=True, exist_ok=True)
@@ -120,6 +125,7 @@ def run_cell(args: argparse.Namespace, seed: int) -> dict[str, Any]:
         "seed": seed,
         "estimator": args.estimator,
         "train_opponent": args.train_opponent,
+        "exploring_starts": args.exploring_starts,
         "episodes": int(metrics["env/episodes"]),
         "before": json.loads(start_file.read_text()),
         "after": after,
@@ -193,6 +199,12 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=500, help="games between curve points")
     parser.add_argument("--curve-games", type=int, default=64, help="games per opponent per point")
     parser.add_argument("--train-opponent", default="minimax:0.5", help="random, minimax[:eps]")
+    parser.add_argument(
+        "--exploring-starts",
+        action="store_true",
+        help="start training games after a random opening (0 to 6 moves); evaluations and "
+        "curve points play whole games",
+    )
     parser.add_argument("--num-envs", type=int, default=16)
     parser.add_argument("--model", default=None, help="default: the embedded model")
     parser.add_argument("--settings", default="{}", help="JSON of extra PPOConfig settings")
@@ -223,7 +235,8 @@ def main() -> None:
                 print(f"| {label} | {opponent} | {_row(found)} |")
         print(
             f"| seed {result['seed']}: {result['episodes']} training games against "
-            f"{result['train_opponent']}, "
+            f"{result['train_opponent']}"
+            f"{' (exploring starts)' if result.get('exploring_starts') else ''}, "
             f"{result['games_per_s']:.2f} games/s | | | | | |"
         )
     path = plot(out, references)

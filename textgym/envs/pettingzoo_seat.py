@@ -199,6 +199,11 @@ def as_opponent(opponent: Any) -> Opponent:
     )
 
 
+# Openings drawn per reset before giving up on one the agent can move in (a random opening
+# rarely ends a game: tic-tac-toe needs 5 moves to finish, and the draw includes fewer).
+_OPENING_TRIES = 100
+
+
 class AECSeatEnv(gym.Env[Any, Any]):
     """A PettingZoo AEC game seen from one seat: the opponent moves between the agent's turns.
 
@@ -224,6 +229,7 @@ class AECSeatEnv(gym.Env[Any, Any]):
         opponent: Any = "random",
         *,
         seat: str | int = "alternate",
+        opening_moves: int = 0,
     ) -> None:
         """Wrap a PettingZoo AEC env.
 
@@ -240,7 +246,16 @@ class AECSeatEnv(gym.Env[Any, Any]):
                 first and second and a seeded reset is reproducible), ``"random"`` (drawn from
                 the reset's seed), a seat index or an agent name.
                 ``reset(options={"seat": ...})`` overrides it for one episode.
+            opening_moves: Exploring starts for games: each reset first plays a number of
+                random legal moves drawn uniformly from 0 to ``opening_moves`` (for whichever
+                seat is to move; an opening that ends the game, or after which the opponent
+                ends it, is drawn again), so training games also start in the middle, where
+                a move can win or must block. For training envs only; 0 (the default) plays
+                every game from the start.
         """
+        if not (isinstance(opening_moves, int) and opening_moves >= 0):
+            raise ValueError(f"opening_moves must be an int >= 0, got {opening_moves!r}")
+        self.opening_moves = opening_moves
         self.game = game
         self.agents = list(game.possible_agents)
         self.opponent = as_opponent(opponent)
@@ -297,8 +312,15 @@ class AECSeatEnv(gym.Env[Any, Any]):
         self.agent = seat if isinstance(seat, str) else self.agents[seat]
         self._seat_index = self.agents.index(self.agent)
         self.episodes += 1
-        self._moves, self._return = [], 0.0
-        self._return += self._play_opponents()
+        for attempt in range(_OPENING_TRIES):
+            if attempt:  # the last opening ended the game: start again from the same deal
+                self.game.reset(seed=seed)
+            self._moves, self._return = [], 0.0
+            self._play_opening()
+            if not self._over():
+                self._return += self._play_opponents()
+            if not self._over() or not self.opening_moves:
+                break
         if self._over():
             raise RuntimeError(f"The game ended before {self.agent} could move")
         return self._view(self.agent)
@@ -328,6 +350,17 @@ class AECSeatEnv(gym.Env[Any, Any]):
     def close(self) -> None:
         """Close the game."""
         self.game.close()
+
+    def _play_opening(self) -> None:
+        """Random legal moves for whoever is to move, as many as :attr:`opening_moves` draws."""
+        for _ in range(int(self.np_random.integers(self.opening_moves + 1))):
+            if self._over():
+                return
+            mover = self.game.agent_selection
+            legal = np.flatnonzero(self._view(mover)[1]["action_mask"])
+            action = int(self.np_random.choice(legal))
+            self.game.step(action)
+            self._moves.append((mover, action))
 
     def _play_opponents(self) -> float:
         """Opponent moves until the agent's turn or the end; the agent's rewards from them."""

@@ -19,6 +19,7 @@ from textgym.wrappers import WRAPPER_OPTIONS, TextEnvWrapper
 
 __all__ = [
     "CONNECT_FOUR_COLUMNS",
+    "EXPLORING_OPENINGS",
     "GAME_OPPONENTS",
     "PETTINGZOO_GAMES",
     "TICTACTOE_CELLS",
@@ -162,6 +163,11 @@ PETTINGZOO_GAMES: dict[str, tuple[str, type[_BoardFormatter], tuple[str, ...], s
 }
 
 
+# The most random moves an exploring start plays before the agent's first move, per game:
+# about two thirds of the shortest decided game's length or more, so many starts leave a
+# winning or a blocking move.
+EXPLORING_OPENINGS: dict[str, int] = {"TicTacToe-v0": 6, "ConnectFour-v0": 20}
+
 # Opponents a game's id takes by name besides "random", as a factory of the name: each env
 # built gets a fresh one, so the envs of a vector env do not share a player's state.
 GAME_OPPONENTS: dict[str, dict[str, Callable[[str], Opponent]]] = {
@@ -176,6 +182,7 @@ def pettingzoo_text_env(
     *,
     opponent: Any = "random",
     seat: str | int = "alternate",
+    opening_moves: int = 0,
     **wrapper_kwargs: Any,
 ) -> TextEnvWrapper:
     """A text env for one seat of any PettingZoo AEC game, the opponent playing the others.
@@ -191,6 +198,7 @@ def pettingzoo_text_env(
             :class:`~textgym.envs.pettingzoo_seat.Opponent` such as ``TextOpponent(policy)``.
         seat: ``"alternate"``, ``"random"``, a seat index or an agent name (see
             :class:`AECSeatEnv`).
+        opening_moves: Random moves before the agent's first (see :class:`AECSeatEnv`).
         **wrapper_kwargs: Other :class:`TextEnvWrapper` options (``action_names``, ...).
 
     Example:
@@ -202,7 +210,7 @@ def pettingzoo_text_env(
         >>> env.reply_choices()[:2]
         ['{"action": "a1"}', '{"action": "a2"}']
     """
-    seat_env = AECSeatEnv(game, opponent, seat=seat)
+    seat_env = AECSeatEnv(game, opponent, seat=seat, opening_moves=opening_moves)
     env = TextEnvWrapper(seat_env, formatter, action_mask=True, **wrapper_kwargs)
     seat_env.opponent.bind(env)
     return env
@@ -214,6 +222,7 @@ def make_pettingzoo_text_env(
     opponent: Any = "random",
     seat: str | int = "alternate",
     render_mode: str | None = None,
+    exploring_starts: bool = False,
     **kwargs: Any,
 ) -> TextEnvWrapper:
     """Build ``textgym/<game>`` (``TicTacToe-v0``, ``ConnectFour-v0``).
@@ -228,6 +237,9 @@ def make_pettingzoo_text_env(
             play) or ``"minimax:<epsilon>"`` (a random move with probability epsilon).
         seat: The agent's seat (see :class:`AECSeatEnv`).
         render_mode: Passed to the PettingZoo game.
+        exploring_starts: Start every game after a random opening of 0 to
+            :data:`EXPLORING_OPENINGS` moves (``AECSeatEnv(opening_moves=...)``), so training
+            meets mid-game positions from the first update. For training envs only.
         **kwargs: :class:`TextEnvWrapper` options go to the wrapper (``history=2``).
 
     Example:
@@ -262,5 +274,6 @@ def make_pettingzoo_text_env(
         formatter(),
         opponent=opponent,
         seat=seat,
+        opening_moves=EXPLORING_OPENINGS[game] if exploring_starts else 0,
         **{**defaults, **kwargs},
     )
