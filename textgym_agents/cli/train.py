@@ -158,7 +158,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="tabular worlds: start every training episode at a random state that can reach "
-        "the goal; evaluations start where the env does (default: "
+        "the goal; games: after a random opening; evaluations start where the env does "
+        "(default: "
         f"{_per_env('exploring_starts')}; on --resume, the run's own)",
     )
     parser.add_argument(
@@ -286,17 +287,17 @@ def _plan(args: argparse.Namespace, config_cls: Any) -> _Plan:
         ("--curriculum", curriculum, "reverse_curriculum"),
         ("--exploring-starts", exploring, "exploring_starts"),
     ):
-        if not on:  # else fail early on an env without a model to choose start states from
+        if not on:  # else fail early on an env that cannot choose its start states
             continue
-        from textgym.curriculum import is_tabular
-
-        if not is_tabular(probe):
+        try:
+            make_env(env_id, {**env_args, option: True}).close()
+        except CLIError as e:
             probe.close()
+            games = " and games (TicTacToe, ConnectFour)" if option == "exploring_starts" else ""
             raise UsageError(
                 f"{flag} needs a tabular world that publishes its model (env.unwrapped.P, "
-                f"as FrozenLake, CliffWalking and Taxi do); {env_id} does not"
-            )
-        make_env(env_id, {**env_args, option: True}).close()
+                f"as FrozenLake, CliffWalking and Taxi do){games}; {env_id} does not: {e}"
+            ) from e
     max_steps = pick("training_max_steps", per_env["training_max_steps"])
     if max_steps is not None:
         try:  # every textgym/ text env accepts it; fail early on one that does not
@@ -419,7 +420,10 @@ def _train_locked(args: argparse.Namespace, agents: Any, process: Any, plan: _Pl
     changed = {k: v for k, v in plan.config.to_dict().items() if v != defaults.get(k)}
     print("Settings: " + ", ".join(f"{k}={v!r}" for k, v in changed.items()), flush=True)
     if plan.exploring_starts:
-        print("Exploring starts: training episodes start anywhere the goal can be reached from")
+        print(
+            "Exploring starts: training episodes start at random states (games: after a random "
+            "opening); evaluations start where the env does"
+        )
     if plan.training_max_steps is not None:
         print(
             f"Training episodes end after {plan.training_max_steps} moves "

@@ -96,6 +96,43 @@ def test_the_opponent_is_called_exactly_for_the_opponents_turns(env_id):
 
 
 @pytest.mark.parametrize("env_id", GAMES)
+def test_exploring_starts_open_with_random_moves_the_agent_can_always_answer(env_id):
+    import copy
+
+    from textgym.envs.pettingzoo_text import EXPLORING_OPENINGS
+
+    env = gym.make(env_id, exploring_starts=True)
+    most = EXPLORING_OPENINGS[env_id.split("/")[1]]
+    stones = []
+    for seed in range(150):
+        _, info = env.reset(seed=seed)
+        seat = env.unwrapped
+        assert not seat._over() and seat.game.agent_selection == seat.agent
+        assert info["action_mask"].any()
+        board = seat.game.observe(seat.agent)["observation"]
+        stones.append(int(board.sum()))
+        assert len(seat._moves) == stones[-1] <= most + 1  # the opening, then the opponent's
+    assert min(stones) == 0 and max(stones) >= most - 1 and len(set(stones)) >= most
+    # a seed gives the same opening; a copy (as a vector env's worker gets) replays it
+    first = env.reset(seed=7)[0][-1]["content"]
+    assert env.reset(seed=7)[0][-1]["content"] == first
+    twin, seat = copy.deepcopy(env.unwrapped), env.unwrapped
+    board = seat.game.observe(seat.agent)["observation"]
+    assert board.sum() > 0 and (twin.game.observe(seat.agent)["observation"] == board).all()
+    _, total, info = play(env, 7, np.random.default_rng(0))
+    assert info["outcome"] in ("win", "draw", "loss")
+    plain = gym.make(env_id)  # off by default: every game from the empty board
+    assert {int(plain.reset(seed=s)[1]["action_mask"].sum()) for s in (0, 2, 4)} == {
+        len(GAMES[env_id][1])
+    }
+
+
+def test_an_opening_length_below_zero_is_refused():
+    with pytest.raises(ValueError, match="opening_moves must be an int >= 0, got -1"):
+        AECSeatEnv(pettingzoo.make("aec", "classic/tictactoe_v3"), opening_moves=-1)
+
+
+@pytest.mark.parametrize("env_id", GAMES)
 def test_terminal_rewards_match_pettingzoos(env_id):
     """Replaying the same moves in PettingZoo's own loop gives each seat the same reward."""
     game_id, _ = GAMES[env_id]

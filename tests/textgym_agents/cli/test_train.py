@@ -313,6 +313,7 @@ def test_the_default_run_is_the_calculator_recipe_each_env_gets_its_own_and_flag
     cliff = plan("textgym/CliffWalking-v1")  # no measured recipe: the general defaults
     assert (cliff.episodes, cliff.config.advantage_estimator) == (500, "gae")
     assert not cliff.exploring_starts
+    assert plan("textgym/TicTacToe-v0", "--exploring-starts").exploring_starts  # random openings
 
 
 def test_resume_of_a_finished_run_without_its_final_policy_writes_it(run_dir, tmp_path, capsys):
