@@ -23,8 +23,9 @@ import torch
 from textgym import FunctionParser, TextEnvWrapper
 from textgym.conversation import Conversation, Messages
 from textgym_agents.policy import PPOPolicy
+from textgym_agents.ppo.assembly import scale_learning_rates
 from textgym_agents.ppo.buffer import RolloutBuffer, Turn
-from textgym_agents.ppo.config import PPOConfig
+from textgym_agents.ppo.config import GROUP_ESTIMATORS, PPOConfig
 from textgym_agents.ppo.defaults import env_defaults
 from textgym_agents.ppo.rollout import read_generation
 from textgym_agents.ppo.trainer import PPOTrainer
@@ -74,6 +75,7 @@ class Agent(ABC):
         default_action: Any = 0,
         invalid_penalty: float = 1.0,
         lora: Any = None,
+        total_episodes: int | None = None,
         **config: Any,
     ) -> None:
         """Wrap a causal LM.
@@ -87,6 +89,9 @@ class Agent(ABC):
             default_action: Sent to the env when ``extract_action`` fails or is invalid.
             invalid_penalty: Subtracted from the reward of an invalid turn.
             lora: LoRA settings (a ``peft.LoraConfig`` or a dict of overrides).
+            total_episodes: The episodes the loop will play; needed with ``anneal_lr=True``,
+                which decays the learning rates linearly to 0 over them, as ``textgym train``
+                does over its run.
             **config: :class:`~textgym_agents.PPOConfig` fields (generation and PPO settings);
                 those not given come from the same per-env defaults as ``textgym train``
                 (:meth:`PPOConfig.for_env <textgym_agents.PPOConfig.for_env>`), with choice
@@ -110,7 +115,22 @@ class Agent(ABC):
             )
         names = list(self.replies) if self.replies else None
         settings = {**env_defaults(names, config), **config}
-        self.policy = PPOPolicy(model, tokenizer, config=PPOConfig(**settings), lora=lora)
+        ppo_config = PPOConfig(**settings)
+        if ppo_config.anneal_lr and not (isinstance(total_episodes, int) and total_episodes >= 1):
+            raise ValueError(
+                "anneal_lr=True decays the learning rates over the run: give total_episodes "
+                f"(an int >= 1, the episodes your loop will play), got {total_episodes!r}"
+            )
+        self.total_episodes = total_episodes
+        group = ppo_config.advantage_estimator in GROUP_ESTIMATORS
+        self.group_size = ppo_config.group_size if group else 1
+        if batch_size % self.group_size:
+            raise ValueError(
+                f"advantage_estimator={ppo_config.advantage_estimator!r} compares consecutive "
+                f"episodes in groups of group_size={self.group_size}: batch_size must be a "
+                f"multiple of it, got {batch_size}"
+            )
+        self.policy = PPOPolicy(model, tokenizer, config=ppo_config, lora=lora)
         self.trainer = PPOTrainer(self.policy)
         self.batch_size = batch_size
         self.action_space = action_space
@@ -160,8 +180,13 @@ class Agent(ABC):
         return self.replies[response]  # type: ignore[index]
 
     def act(self, observation: Any) -> Any:
-        """Show the observation to the model, record its reply and return the env action."""
-        self._chat.observe(self.format_observation(observation))
+        """Show the observation to the model, record its reply and return the env action.
+
+        The turn's GiGPO anchor (``advantage_estimator="gigpo"``) is the formatted
+        observation: turns that saw the same text form a step group across the batch.
+        """
+        text = self.format_observation(observation)
+        self._chat.observe(text)
         choices = [list(self.replies)] if self.replies else None
         generation = self.policy.generate([self._chat.messages()], choices=choices)
         response = generation.texts[0]
@@ -172,6 +197,7 @@ class Agent(ABC):
             generation,
             0,
         )
+        turn.anchor = text
         self.current_turns.append(turn)
         if invalid:
             turn.reward -= self.invalid_penalty
@@ -209,12 +235,25 @@ class Agent(ABC):
             if truncated:
                 last.bootstrap_ids = self.policy.encode(self.current_episode_messages)
             for turn in self.current_turns:
+                if self.group_size > 1:
+                    turn.group = self.episodes_in_buffer // self.group_size
                 self.buffer.add(self.episodes_in_buffer, turn)
             self.episodes_in_buffer += 1
+            self.trainer.episodes += 1
         self._reset_conversation()
         if self.episodes_in_buffer < self.batch_size:
             return None
+        lr = None
+        if self.policy.config.anneal_lr:  # as textgym train: from the episodes before the batch
+            done = self.trainer.episodes - self.episodes_in_buffer
+            lr = scale_learning_rates(
+                self.trainer.optimizer,
+                self.policy.config,
+                max(0.0, 1.0 - done / self.total_episodes),  # type: ignore[operator]
+            )
         stats = self.trainer.update(self.buffer)
+        if lr is not None:
+            stats["train/learning_rate"] = lr
         self.episodes_in_buffer = 0
         return stats
 

@@ -174,3 +174,34 @@ def test_turns_keep_the_values_and_scores_their_generation_measured(name):
     assert turn.value is not None  # the critic's value from generate(): no pass of its own
     if agent.policy.config.decoding == "choices":
         assert turn.old_logps is not None and turn.choice_ids is not None
+
+
+def test_annealing_decays_the_learning_rate_over_total_episodes_and_needs_them():
+    with pytest.raises(ValueError, match="anneal_lr=True decays .* give total_episodes"):
+        make(NamedAgent, anneal_lr=True)
+    agent = make(NamedAgent, batch_size=2, anneal_lr=True, total_episodes=4, learning_rate=1e-3)
+    stats = [s for s in play(agent, gym.make("Blackjack-v1"), 4) if s is not None]
+    # as textgym train: each update's rate from the episodes played before its batch
+    assert [s["train/learning_rate"] for s in stats] == pytest.approx([1e-3, 5e-4])
+    assert [s["env/episodes"] for s in stats] == [2, 4]
+    assert "train/learning_rate" not in play(make(NamedAgent, batch_size=1), gym.make(
+        "Blackjack-v1"), 1)[0]  # fmt: skip
+
+
+def test_gigpo_groups_consecutive_episodes_and_the_turns_that_saw_the_same_text():
+    with pytest.raises(ValueError, match="batch_size must be a multiple of it, got 3"):
+        make(NamedAgent, batch_size=3, advantage_estimator="gigpo", group_size=2)
+    agent = make(NamedAgent, batch_size=6, advantage_estimator="gigpo", group_size=2)
+    env = gym.make("Blackjack-v1")
+    for seed in (0, 0, 1, 1):  # a group plays one hand: reset with one seed
+        observation, _ = env.reset(seed=seed)
+        agent.act(observation)
+        agent.assign_reward(0.0)
+        agent.terminate_episode()
+    turns = agent.buffer.turns()
+    assert [turn.group for turn in turns] == [0, 0, 1, 1]
+    anchors = [turn.anchor for turn in turns]
+    assert anchors[0] == anchors[1] == agent.format_observation(env.reset(seed=0)[0])
+    assert anchors[2] == anchors[3] == agent.format_observation(env.reset(seed=1)[0])
+    assert anchors[0] != anchors[2]
+    assert play(agent, env, 2, seed=5)[-1]["env/turns"] >= 6  # the update runs on the groups
