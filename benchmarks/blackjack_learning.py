@@ -29,15 +29,10 @@ import torch
 
 import textgym
 from textgym.checker import find_text_wrapper
+from textgym.envs import blackjack_exact
+from textgym.envs.blackjack_exact import basic_strategy
 from textgym_agents import PPOConfig, PPOPolicy, evaluate
 from textgym_agents.tracking.plotting import plot_learning_curves
-
-try:
-    import blackjack_exact
-    from blackjack_exact import basic_strategy
-except ImportError:  # imported as benchmarks.blackjack_learning
-    from benchmarks import blackjack_exact
-    from benchmarks.blackjack_exact import basic_strategy
 
 TARGET = -0.15
 ACTIONS = ("stick", "hit")  # Blackjack-v1's action ids

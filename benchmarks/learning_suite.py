@@ -32,19 +32,19 @@ import numpy as np
 import textgym  # noqa: F401  (registers the text envs)
 from textgym.checker import find_text_wrapper
 from textgym.curriculum import CurriculumProgress
+from textgym.envs import blackjack_exact
 from textgym.episodes import reply_choices
 from textgym_agents import PPOPolicy, evaluate
 from textgym_agents.exceptions import SIGTERMExit
 from textgym_agents.ppo.trainer import PPOTrainer
 
 try:
-    import blackjack_exact
     import tabular_exact
     from babyai_random import bot_baseline
     from blackjack_learning import greedy_table
     from curve_points import CurvePoints, cell_config, train_cell
 except ImportError:  # imported as benchmarks.learning_suite
-    from benchmarks import blackjack_exact, tabular_exact
+    from benchmarks import tabular_exact
     from benchmarks.babyai_random import bot_baseline
     from benchmarks.blackjack_learning import greedy_table
     from benchmarks.curve_points import CurvePoints, cell_config, train_cell

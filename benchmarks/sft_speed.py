@@ -29,14 +29,13 @@ import torch
 
 import textgym  # noqa: F401
 from textgym import record_trajectories
+from textgym.envs import blackjack_exact
 from textgym_agents import PPOConfig, PPOPolicy, sft_warm_start
 
 try:
-    import blackjack_exact
     from blackjack_learning import basic_agreement, greedy_table
     from warm_start import ENV, blackjack_expert
 except ImportError:  # imported as benchmarks.sft_speed
-    from benchmarks import blackjack_exact
     from benchmarks.blackjack_learning import basic_agreement, greedy_table
     from benchmarks.warm_start import ENV, blackjack_expert
 

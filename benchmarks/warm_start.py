@@ -32,13 +32,12 @@ import torch
 
 import textgym  # noqa: F401
 from textgym import record_trajectories
+from textgym.envs import blackjack_exact
 from textgym_agents import PPOConfig, PPOPolicy, evaluate, sft_warm_start
 
 try:
-    import blackjack_exact
     from blackjack_learning import ACTIONS, Scripted, basic_agreement, basic_strategy, greedy_table
 except ImportError:  # imported as benchmarks.warm_start (textgym record --expert ...)
-    from benchmarks import blackjack_exact
     from benchmarks.blackjack_learning import (
         ACTIONS,
         Scripted,

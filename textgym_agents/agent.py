@@ -76,6 +76,7 @@ class Agent(ABC):
         invalid_penalty: float = 1.0,
         lora: Any = None,
         total_episodes: int | None = None,
+        history: int | None = None,
         **config: Any,
     ) -> None:
         """Wrap a causal LM.
@@ -92,6 +93,9 @@ class Agent(ABC):
             total_episodes: The episodes the loop will play; needed with ``anneal_lr=True``,
                 which decays the learning rates linearly to 0 over them, as ``textgym train``
                 does over its run.
+            history: Past turns of the episode kept in each prompt: None (LlamaGym's) keeps
+                them all; 0 shows the current observation alone, which is all a decision
+                needs where the observation is the env's whole state (Blackjack).
             **config: :class:`~textgym_agents.PPOConfig` fields (generation and PPO settings);
                 those not given come from the same per-env defaults as ``textgym train``
                 (:meth:`PPOConfig.for_env <textgym_agents.PPOConfig.for_env>`), with choice
@@ -122,6 +126,9 @@ class Agent(ABC):
                 f"(an int >= 1, the episodes your loop will play), got {total_episodes!r}"
             )
         self.total_episodes = total_episodes
+        if not (history is None or (isinstance(history, int) and history >= 0)):
+            raise ValueError(f"history must be None or an int >= 0, got {history!r}")
+        self.history = history
         group = ppo_config.advantage_estimator in GROUP_ESTIMATORS
         self.group_size = ppo_config.group_size if group else 1
         if batch_size % self.group_size:
@@ -263,7 +270,7 @@ class Agent(ABC):
         return self._chat.messages()
 
     def _reset_conversation(self) -> None:
-        self._chat = Conversation(self.get_system_prompt(), history=None)
+        self._chat = Conversation(self.get_system_prompt(), history=self.history)
         self.current_turns: list[Turn] = []
 
     # --- the agent's model as a textgym Policy (evaluate, record_trajectories) ----------------
@@ -299,11 +306,11 @@ class Agent(ABC):
 
         The formatter is :meth:`format_observation`, the parser :meth:`extract_action` and the
         system prompt :meth:`get_system_prompt`; the conversation keeps ``history`` past turns
-        (default 16, as the agent keeps its whole episode). Train it with ``PPOPolicy``. With
+        (default: the agent's own ``history``, or 16 where it keeps the whole episode). Train it with ``PPOPolicy``. With
         :meth:`action_replies` the env lists those replies (``reply_choices()``), so
         ``evaluate(agent, agent.text_env(env))`` plays them with choice decoding too.
         """
-        wrapper_kwargs.setdefault("history", 16)
+        wrapper_kwargs.setdefault("history", 16 if self.history is None else self.history)
         parser = (
             _NamedReplies(self.replies) if self.replies else FunctionParser(self.extract_action)
         )

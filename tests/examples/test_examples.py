@@ -30,13 +30,16 @@ def run(script, *args, cwd):
 
 @pytest.mark.parametrize("mode", [[], ["--free-text"]], ids=["named-replies", "free-text"])
 def test_blackjack_llamagym_loop(tiny_dir, tmp_path, mode):
-    args = ["--episodes", "4", "--batch-size", "2", "--eval-episodes", "4", *mode]
-    out = run("blackjack.py", *args, "--model", tiny_dir, cwd=tmp_path)
-    assert "loss/policy" in out
-    assert "mean return of the last 4 episodes" in out
-    assert "greedy return on 4 held-out hands" in out and " ± " in out
-    if not mode:
+    args = ["--episodes", "8", "--batch-size", "4", "--eval-episodes", "4", "--log-every", "1"]
+    out = run("blackjack.py", *args, *mode, "--model", tiny_dir, cwd=tmp_path)
+    assert out.count("loss/policy") == 2  # an update per 4 hands
+    assert "mean return of the last 8 training hands" in out
+    if mode:
+        assert "(mean of 4 held-out hands)" in out and " ± " in out
+    else:
         assert "'env/invalid_rate': 0.0" in out  # named replies are never invalid
+        assert "'train/learning_rate': 0.0003" in out  # the Blackjack recipe, annealed
+        assert out.count("(exact)") == 2
 
 
 def test_blackjack_text_env(tiny_dir, tmp_path):

@@ -205,3 +205,18 @@ def test_gigpo_groups_consecutive_episodes_and_the_turns_that_saw_the_same_text(
     assert anchors[2] == anchors[3] == agent.format_observation(env.reset(seed=1)[0])
     assert anchors[0] != anchors[2]
     assert play(agent, env, 2, seed=5)[-1]["env/turns"] >= 6  # the update runs on the groups
+
+
+@pytest.mark.parametrize("history", [None, 0, 1])
+def test_history_sets_the_past_turns_each_prompt_keeps(history):
+    agent = make(NamedAgent, batch_size=10, history=history)
+    for total in (12, 15, 18):
+        agent.act((total, 10, 0))
+    prompt = agent.policy.tokenizer.decode(agent.current_turns[-1].prompt_ids)
+    assert "Your current total is 18" in prompt
+    assert ("Your current total is 15" in prompt) == (history != 0)
+    assert ("Your current total is 12" in prompt) == (history is None)
+    expected = 16 if history is None else history
+    assert agent.text_env(gym.make("Blackjack-v1")).history == expected
+    with pytest.raises(ValueError, match="history must be None or an int >= 0, got -1"):
+        make(NamedAgent, history=-1)

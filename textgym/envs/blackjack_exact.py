@@ -9,7 +9,7 @@ draws, with Blackjack-v1's rules (the dealer stands on any 17, a bust loses, ``s
 wins unless the dealer has one too, ``natural``: a winning natural pays 1.5).
 
 Evaluating on 1,000 sampled hands has a standard error of about 0.03; this has none.
-``tests/benchmarks/test_blackjack_exact.py`` checks it against the Gymnasium env itself.
+``tests/textgym/envs/test_blackjack_exact.py`` checks it against the Gymnasium env itself.
 
     >>> round(expected_return(lambda total, dealer, ace: "stick"), 4)
     -0.1829
@@ -20,6 +20,8 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterator
 from functools import cache
+
+__all__ = ["basic_strategy", "expected_return", "hand_total", "states"]
 
 CARDS = {**{rank: 1 / 13 for rank in range(1, 10)}, 10: 4 / 13}
 

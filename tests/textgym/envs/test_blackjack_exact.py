@@ -1,17 +1,12 @@
-"""The exact Blackjack return (benchmarks/blackjack_exact.py) against Gymnasium's own env."""
+"""The exact Blackjack return (textgym.envs.blackjack_exact) against Gymnasium's own env."""
 
-import importlib.util
 import random
-from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 import pytest
 
-_PATH = Path(__file__).parents[2] / "benchmarks" / "blackjack_exact.py"
-_SPEC = importlib.util.spec_from_file_location("blackjack_exact", _PATH)
-blackjack_exact = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(blackjack_exact)
+from textgym.envs import blackjack_exact
 
 
 def hit_on_11_or_less(total, dealer, usable_ace):
