@@ -306,9 +306,10 @@ class Agent(ABC):
 
         The formatter is :meth:`format_observation`, the parser :meth:`extract_action` and the
         system prompt :meth:`get_system_prompt`; the conversation keeps ``history`` past turns
-        (default: the agent's own ``history``, or 16 where it keeps the whole episode). Train it with ``PPOPolicy``. With
-        :meth:`action_replies` the env lists those replies (``reply_choices()``), so
-        ``evaluate(agent, agent.text_env(env))`` plays them with choice decoding too.
+        (default: the agent's own ``history``, or 16 where it keeps the whole episode). Train
+        it with ``PPOPolicy``. With :meth:`action_replies` the env lists those replies
+        (``reply_choices()``), so ``evaluate(agent, agent.text_env(env))`` plays them with
+        choice decoding too.
         """
         wrapper_kwargs.setdefault("history", 16 if self.history is None else self.history)
         parser = (

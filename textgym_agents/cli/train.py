@@ -273,7 +273,10 @@ def _plan(args: argparse.Namespace, config_cls: Any) -> _Plan:
     data_info = read_run_info(args.sft_data) if args.sft_data else {}
     env_id = pick("env", data_info.get("env") or DEFAULT_TRAIN_ENV)
     per_env = run_defaults(env_id)
-    env_args = recorded_env_args(data_info, env_id, f"{args.sft_data} (cli.json)", args.trust_run)
+    env_args = dict(per_env["env_args"])  # the env's measured options, under all given ones
+    env_args.update(
+        recorded_env_args(data_info, env_id, f"{args.sft_data} (cli.json)", args.trust_run)
+    )
     env_args.update(recorded_env_args(saved_info, env_id, f"{run_dir} (cli.json)", args.trust_run))
     env_args.update(file_train.get("env_args", {}))
     env_args.update(parse_env_args(args.env_arg))
@@ -419,6 +422,8 @@ def _train_locked(args: argparse.Namespace, agents: Any, process: Any, plan: _Pl
     defaults = agents.PPOConfig().to_dict()
     changed = {k: v for k, v in plan.config.to_dict().items() if v != defaults.get(k)}
     print("Settings: " + ", ".join(f"{k}={v!r}" for k, v in changed.items()), flush=True)
+    if plan.env_args:
+        print("Env options: " + ", ".join(f"{k}={v!r}" for k, v in plan.env_args.items()))
     if plan.exploring_starts:
         print(
             "Exploring starts: training episodes start at random states (games: after a random "

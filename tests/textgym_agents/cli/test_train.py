@@ -314,6 +314,13 @@ def test_the_default_run_is_the_calculator_recipe_each_env_gets_its_own_and_flag
     assert (cliff.episodes, cliff.config.advantage_estimator) == (500, "gae")
     assert not cliff.exploring_starts
     assert plan("textgym/TicTacToe-v0", "--exploring-starts").exploring_starts  # random openings
+    game = plan("textgym/TicTacToe-v0")  # its recipe, against the measured training opponent
+    assert (game.episodes, game.env_args, game.exploring_starts) == (
+        1024, {"opponent": "minimax:0.5"}, False
+    )  # fmt: skip
+    assert game.config.advantage_estimator == "gigpo" and game.config.group_size == 4
+    assert plan("textgym/TicTacToe-v0", "-e", "opponent=random").env_args == {"opponent": "random"}
+    assert plan("textgym/Blackjack-v1").env_args == {}
 
 
 def test_resume_of_a_finished_run_without_its_final_policy_writes_it(run_dir, tmp_path, capsys):
