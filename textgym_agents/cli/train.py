@@ -273,7 +273,8 @@ def _plan(args: argparse.Namespace, config_cls: Any) -> _Plan:
     data_info = read_run_info(args.sft_data) if args.sft_data else {}
     env_id = pick("env", data_info.get("env") or DEFAULT_TRAIN_ENV)
     per_env = run_defaults(env_id)
-    env_args = dict(per_env["env_args"])  # the env's measured options, under all given ones
+    # The env's measured options, under all given ones; a resumed run keeps its recorded ones.
+    env_args = {} if "env_args" in saved_info else dict(per_env["env_args"])
     env_args.update(
         recorded_env_args(data_info, env_id, f"{args.sft_data} (cli.json)", args.trust_run)
     )

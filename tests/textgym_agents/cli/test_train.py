@@ -373,7 +373,7 @@ def test_frozen_lake_trains_from_anywhere_by_default_and_a_resumed_run_keeps_its
     args += ["--training-max-steps", "3"]
     assert main([*args, "--episodes", "8", "--output", str(run)]) == 0
     out = capsys.readouterr().out
-    assert "Exploring starts: training episodes start anywhere" in out
+    assert "Exploring starts: training episodes start at random states" in out
     assert "Training episodes end after 3 moves" in out
     info = json.loads((run / "cli.json").read_text())
     assert info["exploring_starts"] is True and "exploring_starts" not in info["env_args"]
@@ -390,6 +390,25 @@ def test_frozen_lake_trains_from_anywhere_by_default_and_a_resumed_run_keeps_its
     assert main(["train", "--resume", str(run), "--episodes", "12", "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "Exploring starts:" in out and "Training episodes end after 3 moves" in out
+
+
+@pytest.mark.slow  # two short training runs
+def test_tictactoe_trains_against_its_measured_opponent_and_a_resumed_run_keeps_its_own(
+    tiny_dir, tmp_path, capsys
+):
+    run = tmp_path / "run"
+    args = ["train", "textgym/TicTacToe-v0", "--model", tiny_dir, "--num-envs", "4"]
+    args += ["--eval-episodes", "2", "--dtype", "float32", "--no-progress"]
+    assert main([*args, "--episodes", "4", "--output", str(run)]) == 0
+    assert "Env options: opponent='minimax:0.5'" in capsys.readouterr().out
+    info_file = run / "cli.json"
+    info = json.loads(info_file.read_text())
+    assert info["env_args"] == {"opponent": "minimax:0.5"}
+    info["env_args"] = {}  # as a run recorded before tic-tac-toe had a default opponent
+    info_file.write_text(json.dumps(info))
+    assert main(["train", "--resume", str(run), "--episodes", "8", "--no-progress"]) == 0
+    assert "Env options:" not in capsys.readouterr().out
+    assert json.loads(info_file.read_text())["env_args"] == {}
 
 
 def test_exploring_starts_and_the_curriculum_together_are_a_usage_error(tmp_path, capsys):
