@@ -23,7 +23,6 @@ import torch
 from textgym import FunctionParser, TextEnvWrapper
 from textgym.conversation import Conversation, Messages
 from textgym_agents.policy import PPOPolicy
-from textgym_agents.ppo.assembly import scale_learning_rates
 from textgym_agents.ppo.buffer import RolloutBuffer, Turn
 from textgym_agents.ppo.config import GROUP_ESTIMATORS, PPOConfig
 from textgym_agents.ppo.defaults import env_defaults
@@ -253,11 +252,8 @@ class Agent(ABC):
         lr = None
         if self.policy.config.anneal_lr:  # as textgym train: from the episodes before the batch
             done = self.trainer.episodes - self.episodes_in_buffer
-            lr = scale_learning_rates(
-                self.trainer.optimizer,
-                self.policy.config,
-                max(0.0, 1.0 - done / self.total_episodes),  # type: ignore[operator]
-            )
+            total: int = self.total_episodes  # type: ignore[assignment]  # checked in __init__
+            lr = self.trainer.anneal_learning_rates(total, done)
         stats = self.trainer.update(self.buffer)
         if lr is not None:
             stats["train/learning_rate"] = lr

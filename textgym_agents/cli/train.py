@@ -274,7 +274,7 @@ def _plan(args: argparse.Namespace, config_cls: Any) -> _Plan:
     env_id = pick("env", data_info.get("env") or DEFAULT_TRAIN_ENV)
     per_env = run_defaults(env_id)
     # The env's measured options, under all given ones; a resumed run keeps its recorded ones.
-    env_args = {} if "env_args" in saved_info else dict(per_env["env_args"])
+    env_args = {} if "env_args" in saved_info else per_env["env_args"]  # a fresh copy
     env_args.update(
         recorded_env_args(data_info, env_id, f"{args.sft_data} (cli.json)", args.trust_run)
     )
@@ -287,31 +287,41 @@ def _plan(args: argparse.Namespace, config_cls: Any) -> _Plan:
     if curriculum and exploring:
         probe.close()
         raise UsageError("choose one of --curriculum and --exploring-starts, not both")
-    for flag, on, option in (
-        ("--curriculum", curriculum, "reverse_curriculum"),
-        ("--exploring-starts", exploring, "exploring_starts"),
-    ):
-        if not on:  # else fail early on an env that cannot choose its start states
+    max_steps = pick("training_max_steps", per_env["training_max_steps"])
+    tabular = (
+        "a tabular world that publishes its model (env.unwrapped.P, as FrozenLake, CliffWalking "
+        "and Taxi do)"
+    )
+    training_only = (  # (asked for, option, value, the error if the env cannot take it)
+        (
+            curriculum,
+            "reverse_curriculum",
+            True,
+            f"--curriculum needs {tabular}; {env_id} does not",
+        ),
+        (
+            exploring,
+            "exploring_starts",
+            True,
+            f"--exploring-starts needs {tabular} or a game (TicTacToe, ConnectFour); {env_id} "
+            "does not",
+        ),
+        (
+            max_steps is not None,
+            "training_max_steps",
+            max_steps,
+            f"--training-max-steps: {env_id} takes no move limit for training episodes (the "
+            "envs of textgym's Gymnasium presets do: Blackjack, FrozenLake, ...)",
+        ),
+    )
+    for asked, option, value, problem in training_only:
+        if not asked:  # else fail early on an env that cannot take it
             continue
         try:
-            make_env(env_id, {**env_args, option: True}).close()
+            make_env(env_id, {**env_args, option: value}).close()
         except CLIError as e:
             probe.close()
-            games = " and games (TicTacToe, ConnectFour)" if option == "exploring_starts" else ""
-            raise UsageError(
-                f"{flag} needs a tabular world that publishes its model (env.unwrapped.P, "
-                f"as FrozenLake, CliffWalking and Taxi do){games}; {env_id} does not: {e}"
-            ) from e
-    max_steps = pick("training_max_steps", per_env["training_max_steps"])
-    if max_steps is not None:
-        try:  # every textgym/ text env accepts it; fail early on one that does not
-            make_env(env_id, {**env_args, "training_max_steps": max_steps}).close()
-        except CLIError as e:
-            probe.close()
-            raise UsageError(
-                f"--training-max-steps: {env_id} takes no move limit for training episodes (the "
-                f"envs of textgym's Gymnasium presets do: Blackjack, FrozenLake, ...): {e}"
-            ) from e
+            raise UsageError(f"{problem}: {e}") from e
     given = {**saved_ppo, **file_ppo, **flags}
     num_envs = pick("num_envs", per_env["num_envs"])
     sources = {key: "the resumed run's config.json" for key in saved_ppo}

@@ -544,13 +544,15 @@ class PPOTrainer:
 
     # --- the loop ------------------------------------------------------------------------------
 
-    def anneal_learning_rates(self, total_episodes: int) -> float:
-        """Scale the learning rates by ``1 - episodes / total_episodes`` (``anneal_lr``).
+    def anneal_learning_rates(self, total_episodes: int, done: int | None = None) -> float:
+        """Scale the learning rates by ``1 - done / total_episodes`` (``anneal_lr``).
 
-        Recomputed from the config each update, so a resumed run anneals as an uninterrupted
-        one does. Returns the LoRA learning rate now in use.
+        ``done`` is the episodes played before the coming update (default: the trainer's
+        count). Recomputed from the config each update, so a resumed run anneals as an
+        uninterrupted one does. Returns the LoRA learning rate now in use.
         """
-        fraction = max(0.0, 1.0 - self.episodes / total_episodes)
+        done = self.episodes if done is None else done
+        fraction = max(0.0, 1.0 - done / total_episodes)
         return scale_learning_rates(self.optimizer, self.config, fraction)
 
     def step(self) -> dict[str, float]:
