@@ -4,7 +4,10 @@ At batch 1 a decode step reads every weight from memory once, so (weight bytes) 
 bandwidth) bounds the steps per second; both are measured in this run, with the same threads.
 Arms, on the same prompt, greedy, the same number of new tokens:
 
-- ``policy``: ``PPOPolicy.generate`` (the rollout path: LoRA adapter attached, our cut),
+- ``policy``: ``PPOPolicy.generate`` (the rollout path: LoRA adapter attached, the decoding
+  steps in textgym's lean loop, ``PPOConfig.lean_decoding``, our cut),
+- ``generate()``: the same policy with ``lean_decoding=False``: its decoding steps run through
+  transformers ``generate`` and peft's adapter layers (what the rollout did before the loop),
 - ``plain HF``: transformers ``generate`` on the same base weights without peft, as a
   reference for what the adapter's layers cost,
 - ``matmuls``: the model's matrix products alone (every ``nn.Linear`` of the base model, the
@@ -22,8 +25,10 @@ arms, so machine noise falls on both.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -79,6 +84,13 @@ def main() -> None:
     torch.manual_seed(0)
     config = PPOConfig(max_new_tokens=args.tokens, decoding="free", reply_prefix="")
     policy = PPOPolicy.from_pretrained(args.model, config=config, dtype=args.dtype)
+    unlean = PPOPolicy(
+        policy.model,
+        policy.tokenizer,
+        config=dataclasses.replace(config, lean_decoding=False),
+        value_head=policy.value_head,
+        base_info=policy.base_info,
+    )
     dtype = next(policy.model.parameters()).dtype
     path = args.model or embedded_model_dir()
     plain = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
@@ -86,11 +98,14 @@ def main() -> None:
     processors = LogitsProcessorList([NoEOS(eos)])
     pad = policy.tokenizer.pad_token_id
 
-    def ours(batch: int) -> tuple[float, int]:
-        start = time.perf_counter()
-        generation = policy.generate([PROMPT] * batch, greedy=True)
-        seconds = time.perf_counter() - start
-        return seconds, max(len(r) for r in generation.response_ids)  # steps actually run
+    def timed(which: PPOPolicy) -> Callable[[int], tuple[float, int]]:
+        def run(batch: int) -> tuple[float, int]:
+            start = time.perf_counter()
+            generation = which.generate([PROMPT] * batch, greedy=True)
+            seconds = time.perf_counter() - start
+            return seconds, max(len(r) for r in generation.response_ids)  # steps actually run
+
+        return run
 
     def reference(batch: int) -> tuple[float, int]:
         ids = torch.tensor([policy.encode(PROMPT)] * batch)
@@ -126,7 +141,12 @@ def main() -> None:
         f"{dtype}, {torch.get_num_threads()} threads; read bandwidth {bandwidth / 1e9:.1f} GB/s, "
         f"weights {size / 1e9:.3f} GB: bound {bound:.1f} decode steps/s at batch 1"
     )
-    arms = {"policy": ours, "plain HF": reference, "matmuls": matmuls}
+    arms = {
+        "policy": timed(policy),
+        "generate()": timed(unlean),
+        "plain HF": reference,
+        "matmuls": matmuls,
+    }
     for batch in args.batches:
         for arm in arms.values():
             arm(batch)  # warm-up
@@ -140,7 +160,7 @@ def main() -> None:
         for name in arms:
             rate = steps[name] / statistics.median(times[name])
             print(
-                f"  {name:9s} {rate:6.1f} steps/s = {rate * batch:7.1f} tokens/s "
+                f"  {name:10s} {rate:6.1f} steps/s = {rate * batch:7.1f} tokens/s "
                 f"({steps[name]} steps), {rate / bound:5.1%} of the batch-1 bound"
             )
         if batch == 1:

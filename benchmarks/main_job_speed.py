@@ -10,7 +10,8 @@ how many rows they run:
           generation call prefills its prompts in full (carry_caches=False), in one batch
           padded to the longest, its key/value cache grows by concatenation (a copy of
           the whole cache at every decoding step), and every micro-batch of the update runs
-          the shared system prompt again, forward and backward;
+          the shared system prompt again, forward and backward, and transformers'
+          generate() runs the decoding steps (lean_decoding=False);
 - now:    a turn whose prompt and reply begin another turn's prompt is read from that turn's
           row, minibatches keep such chains together (pack_turns=True, the default), the
           first minibatch's old log-probs come from the update's own first pass and the
@@ -19,7 +20,8 @@ how many rows they run:
           (carry_caches=True, the default), and generation prefills rows of very different
           lengths one at a time (shared_prefix.PREFILL_PADDING_MAX) into a cache with room
           kept for the reply (shared_prefix.growing_cache), and a minibatch's shared prefix
-          runs once for all its micro-batches (PolicyScoring.sharing_prefix).
+          runs once for all its micro-batches (PolicyScoring.sharing_prefix), and the
+          decoding steps run in textgym's lean loop (lean_decoding=True, the default).
 
 The arms alternate update by update in one process (after one warm-up update each), so machine
 load drifts affect both alike, and each update samples with the same seed in both arms (they
@@ -56,6 +58,7 @@ from textgym_agents.model.precision import cpu_signature
 from textgym_agents.ppo.steps import minibatches
 
 BEFORE = {"pack_turns": False, "score_in_update": False, "carry_caches": False}
+BEFORE |= {"lean_decoding": False}
 
 
 def concatenating_cache(reserve: int, source: Any = None) -> Any:

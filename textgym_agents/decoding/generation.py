@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from textgym_agents.decoding.constrained import GrammarMask
+from textgym_agents.decoding.decode_loop import LeanDecoder, decode_rows, lean_decoder, stop_check
 from textgym_agents.decoding.shared_prefix import CACHE_KWARG, CarriedCaches, generation_inputs
 from textgym_agents.ppo.config import PPOConfig
 
@@ -92,19 +93,29 @@ def generate_text(
     if not greedy:
         sampling = {"do_sample": True, "temperature": config.temperature}
         sampling.update(top_p=config.top_p, top_k=config.top_k or None)
+    lean = lean_decoder(model) if config.lean_decoding else None
+    if lean is not None and not lean.in_weights_dtype():
+        lean = None  # autocast to another dtype: generate() follows it
     with last_prompt_states(critic[0]) if critic else nullcontext([]) as states:
-        output = model.generate(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            max_new_tokens=max_new_tokens,
-            pad_token_id=pad,
-            eos_token_id=sorted(eos_ids),
-            use_cache=True,
-            return_dict_in_generate=carried is not None,
-            **sampling,
-            **extra,
-        )
-    sequences = output if carried is None else output.sequences
+        if lean is not None:
+            budget = {"max_new_tokens": max_new_tokens, "greedy": greedy, "grammar": grammar}
+            inputs = (input_ids, attention_mask, extra)
+            sequences = _decode(lean, model, tokenizer, *inputs, config, eos_ids=eos_ids, **budget)
+            cache = extra[CACHE_KWARG]
+        else:
+            output = model.generate(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                max_new_tokens=max_new_tokens,
+                pad_token_id=pad,
+                eos_token_id=sorted(eos_ids),
+                use_cache=True,
+                return_dict_in_generate=carried is not None,
+                **sampling,
+                **extra,
+            )
+            sequences = output if carried is None else output.sequences
+            cache = getattr(output, CACHE_KWARG, None)
     rows = [row[input_ids.shape[1] :].tolist() for row in sequences.cpu()]
 
     def cut(tokens: list[int]) -> list[int]:
@@ -113,11 +124,60 @@ def generate_text(
     responses = grammar.replies(rows, cut) if grammar is not None else [cut(r) for r in rows]
     if carried is not None:  # what each row ran: its generated tokens up to its reply's end
         ran = [row[: len(response)] for row, response in zip(rows, responses, strict=True)]
-        carried.keep(prompts, ran, getattr(output, CACHE_KWARG), attention_mask)
+        carried.keep(prompts, ran, cache, attention_mask)
     texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
     prefix = config.reply_prefix
     values = critic[1](states[0]).float().tolist() if critic else None  # type: ignore[index]
     return Generation(prompts, responses, [prefix + text for text in texts], values=values)
+
+
+def _decode(
+    lean: LeanDecoder,
+    model: nn.Module,
+    tokenizer: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    extra: dict[str, Any],
+    config: PPOConfig,
+    *,
+    eos_ids: set[int],
+    max_new_tokens: int,
+    greedy: bool,
+    grammar: GrammarMask | None,
+) -> torch.Tensor:
+    """``generate()``'s sequences, from the lean loop.
+
+    The model itself runs the prompts' uncached columns (hooks see that pass), then
+    :func:`~textgym_agents.decoding.decode_loop.decode_rows` samples the replies.
+    """
+    cache = extra[CACHE_KWARG]
+    cached = cache.get_seq_length()
+    positions = (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 1)
+    output = model(
+        input_ids=input_ids[:, cached:],
+        attention_mask=attention_mask,
+        position_ids=positions[:, cached:],
+        use_cache=True,
+        logits_to_keep=1,
+        **{CACHE_KWARG: cache},
+    )
+    stops = config.stop_strings if grammar is None else None
+    return decode_rows(
+        lean,
+        output.logits[:, -1].float(),
+        input_ids,
+        attention_mask,
+        cache,
+        max_new_tokens=max_new_tokens,
+        eos_ids=eos_ids,
+        pad=tokenizer.pad_token_id,
+        greedy=greedy,
+        temperature=config.temperature,
+        top_k=config.top_k or None,
+        top_p=config.top_p,
+        processor=grammar,
+        stopped=stop_check(tokenizer, stops) if stops else None,
+    )
 
 
 @contextmanager

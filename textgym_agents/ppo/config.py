@@ -129,6 +129,14 @@ class PPOConfig:
         "episode whose prompts keep the conversation then runs each turn's new tokens only). "
         "Memory: one batch of caches. False prefills every prompt from its shared prefix.",
     )
+    lean_decoding: bool = _help(
+        True,
+        "Free and constrained text on Llama-style models: run the decoding steps after the "
+        "prompt's pass in textgym's own loop (the layers' products with the adapters stacked "
+        "and cast once per weight change, keys and values written in place, sampling as "
+        "transformers does) instead of transformers' generate(); the same replies up to "
+        "rounding. Other models always use generate().",
+    )
     score_in_update: bool = _help(
         True,
         "Skip scoring before the update where the update computes the same numbers: turns of "

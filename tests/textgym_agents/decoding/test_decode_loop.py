@@ -1,0 +1,201 @@
+"""The lean decoding loop: the same steps as the model's own forward, the same replies as
+transformers' ``generate()``, the same draws as its logits warpers."""
+
+import dataclasses
+
+import pytest
+import torch
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+from textgym_agents import PPOConfig, PPOPolicy
+from textgym_agents.decoding.decode_loop import lean_decoder, sample_next, warp
+from textgym_agents.decoding.shared_prefix import CACHE_KWARG, growing_cache
+from textgym_agents.model.adapters import attach_lora
+from textgym_agents.model.precision import mixed_precision
+from textgym_agents.testing import tiny_model
+
+SYSTEM = {"role": "system", "content": "You are a calculator agent. Answer in JSON, briefly."}
+QUESTIONS = ["What is 12 * 7?", "What is 3 + 4 + 5 + 6 + 7 + 8 + 9?", "Compute 100 / 8."]
+
+
+def random_adapter(model):
+    """Give every LoRA B matrix random values (peft starts them at zero: no effect)."""
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(std=0.2)
+    return model
+
+
+def small_gqa_llama(dtype=torch.float32):
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+    torch.manual_seed(0)
+    return random_adapter(attach_lora(LlamaForCausalLM(config).to(dtype).eval()))
+
+
+def steps_and_forward(model, ids, mask=None, dtype=None):
+    """Logits of the last column: one lean step over a cache of the others, and a full pass."""
+    decoder = lean_decoder(model)
+    mask = torch.ones_like(ids) if mask is None else mask
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad(), mixed_precision(model, dtype=dtype):
+        full = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, -1]
+        cache = growing_cache(1)
+        model(
+            input_ids=ids[:, :-1],
+            attention_mask=mask[:, :-1],
+            position_ids=positions[:, :-1],
+            use_cache=True,
+            **{CACHE_KWARG: cache},
+        )
+        decoder.prepare()
+        attends = None if bool(mask.all()) else mask.bool()[:, None, None, :]
+        step = decoder.step(ids[:, -1], positions[:, -1], cache, attends)
+    return step, full.float()
+
+
+def test_a_step_gives_the_logits_of_the_full_forward_pass():
+    model = small_gqa_llama()
+    ids = torch.randint(0, 64, (3, 9))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0  # left padding
+    mask[2, 4:6] = 0  # a gap, as after a shared prefix
+    step, full = steps_and_forward(model, ids, mask)
+    torch.testing.assert_close(step, full, atol=1e-5, rtol=1e-5)
+
+
+def test_a_step_follows_the_adapter_after_its_weights_change_and_when_disabled():
+    model = small_gqa_llama()
+    ids = torch.randint(0, 64, (2, 7))
+    before, _ = steps_and_forward(model, ids)
+    with torch.no_grad():  # an optimizer step changes the weights in place
+        model.base_model.model.model.layers[1].mlp.down_proj.lora_B["default"].weight.add_(0.5)
+    after, full = steps_and_forward(model, ids)
+    assert not torch.allclose(before, after, atol=1e-3)
+    torch.testing.assert_close(after, full, atol=1e-5, rtol=1e-5)
+    with model.disable_adapter():
+        plain, full = steps_and_forward(model, ids)
+    torch.testing.assert_close(plain, full, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(plain, after, atol=1e-3)
+
+
+def test_a_bf16_step_under_mixed_precision_agrees_to_bf16_rounding():
+    model = small_gqa_llama(torch.bfloat16)
+    ids = torch.randint(0, 64, (2, 8))
+    step, full = steps_and_forward(model, ids, dtype=torch.bfloat16)
+    assert (step - full).abs().max() < 0.05 * full.abs().max()
+    assert torch.equal(step.argmax(-1), full.argmax(-1))
+
+
+def test_models_it_does_not_cover_keep_transformers_generate():
+    qwen = Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=48,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
+    )
+    assert lean_decoder(attach_lora(qwen)) is None
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1)
+    assert lean_decoder(attach_lora(LlamaForCausalLM(config), {"use_dora": True})) is None
+    assert lean_decoder(LlamaForCausalLM(config)) is not None  # no adapter at all
+
+
+@pytest.mark.parametrize("top_k, top_p", [(None, 0.8), (5, None), (5, 0.5), (None, 0.999)])
+def test_warped_logits_equal_transformers_warpers(top_k, top_p):
+    torch.manual_seed(0)
+    logits = torch.randn(4, 50) * 3
+    expected = logits / 1.5
+    if top_k:
+        expected = TopKLogitsWarper(top_k)(None, expected)
+    if top_p:
+        expected = TopPLogitsWarper(top_p)(None, expected)
+    assert torch.equal(warp(logits, 1.5, top_k, top_p), expected)
+    assert expected.isinf().any()  # something was dropped: the check can fail
+
+
+def test_draws_come_from_the_warped_distribution():
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
+    torch.manual_seed(0)
+    draws = torch.cat([sample_next(logits, greedy=False, top_p=0.8) for _ in range(2000)])
+    probs = warp(logits, top_p=0.8).softmax(-1)[0]
+    counts = torch.bincount(draws, minlength=4) / 2000
+    assert counts[probs == 0].sum() == 0
+    torch.testing.assert_close(counts, probs, atol=0.04, rtol=0)
+
+
+def policy_pair(**settings):
+    model, tokenizer = tiny_model()
+    model = random_adapter(attach_lora(model))
+    config = PPOConfig(**{"max_new_tokens": 10} | settings)
+    lean = PPOPolicy(model, tokenizer, config=config)
+    plain = PPOPolicy(model, tokenizer, config=dataclasses.replace(config, lean_decoding=False))
+    return lean, plain
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_replies_equal_transformers_generate(greedy):
+    lean, plain = policy_pair(stop_strings=["}"], temperature=1.3, top_p=0.9)
+    chats = [[SYSTEM, {"role": "user", "content": q}] for q in QUESTIONS]
+    torch.manual_seed(1)
+    ours = lean.generate(chats, greedy=greedy)
+    torch.manual_seed(1)
+    theirs = plain.generate(chats, greedy=greedy)
+    assert ours.response_ids == theirs.response_ids
+    assert ours.texts == theirs.texts
+    assert len({tuple(r) for r in ours.response_ids}) > 1
+
+
+def test_carried_rows_and_critic_values_equal_transformers_generate():
+    lean, plain = policy_pair()
+    with torch.no_grad():
+        lean.value_head.summary.weight.normal_()
+    chats = [[SYSTEM, {"role": "user", "content": q}] for q in QUESTIONS]
+    replies = {}
+    for name, policy in (("lean", lean), ("plain", plain)):
+        with policy.carrying_caches():
+            first = policy.generate(chats, greedy=True)
+            nxt = [
+                c + [{"role": "assistant", "content": t}, {"role": "user", "content": "Result: 84"}]
+                for c, t in zip(chats, first.texts, strict=True)
+            ]
+            replies[name] = (first, policy.generate(nxt, greedy=True))
+            kept = [tokens for tokens, _ in policy._carried.rows]
+        replies[name] += (kept,)
+    (a1, a2, kept_a), (b1, b2, kept_b) = replies["lean"], replies["plain"]
+    assert a1.response_ids == b1.response_ids and a2.response_ids == b2.response_ids
+    assert kept_a == kept_b
+
+
+def test_constrained_replies_equal_transformers_generate():
+    pytest.importorskip("llguidance")
+    lean, plain = policy_pair(decoding="constrained")
+    schema = {
+        "type": "object",
+        "properties": {"answer": {"type": "integer"}},
+        "required": ["answer"],
+        "additionalProperties": False,
+    }
+    chats = [[SYSTEM, {"role": "user", "content": q}] for q in QUESTIONS]
+    torch.manual_seed(2)
+    ours = lean.generate(chats, schemas=[schema] * 3)
+    torch.manual_seed(2)
+    theirs = plain.generate(chats, schemas=[schema] * 3)
+    assert ours.response_ids == theirs.response_ids
