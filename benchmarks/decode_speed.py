@@ -16,7 +16,7 @@ Arms, on the same prompt, greedy, the same number of new tokens:
   decode step cannot beat it, so it says whether the target is reachable with these kernels.
 
     python benchmarks/decode_speed.py [--tokens 32] [--batches 1 16] [--rounds 3] [--model M]
-        [--dtype auto|float32|bfloat16]
+        [--dtype auto|float32|bfloat16] [--context 0]
 
 Target: the policy at batch 1 >= 50% of the bound. Rounds alternate the
 arms, so machine noise falls on both.
@@ -38,7 +38,8 @@ from textgym_agents import PPOConfig, PPOPolicy
 from textgym_agents.model.loading import embedded_model_dir
 
 TARGET = 0.5
-PROMPT = [{"role": "user", "content": "Tell me a long story about a dragon and a knight."}]
+STORY = "Tell me a long story about a dragon and a knight."
+CONTEXT = "The knight rode through the valley, past the river and the old mill, at dusk. "
 
 
 class NoEOS(LogitsProcessor):
@@ -80,7 +81,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--model", default=None, help="model name or path (default: embedded)")
     parser.add_argument("--dtype", default="auto", help="auto (this machine's choice) or a dtype")
+    parser.add_argument(
+        "--context",
+        type=int,
+        default=0,
+        help="sentences of context before the request (about 17 tokens each): the calculator's "
+        "prompts run to ~500 tokens, and attention's cost grows with them",
+    )
     args = parser.parse_args()
+    prompt = [{"role": "user", "content": CONTEXT * args.context + STORY}]
     torch.manual_seed(0)
     config = PPOConfig(max_new_tokens=args.tokens, decoding="free", reply_prefix="")
     policy = PPOPolicy.from_pretrained(args.model, config=config, dtype=args.dtype)
@@ -101,14 +110,14 @@ def main() -> None:
     def timed(which: PPOPolicy) -> Callable[[int], tuple[float, int]]:
         def run(batch: int) -> tuple[float, int]:
             start = time.perf_counter()
-            generation = which.generate([PROMPT] * batch, greedy=True)
+            generation = which.generate([prompt] * batch, greedy=True)
             seconds = time.perf_counter() - start
             return seconds, max(len(r) for r in generation.response_ids)  # steps actually run
 
         return run
 
     def reference(batch: int) -> tuple[float, int]:
-        ids = torch.tensor([policy.encode(PROMPT)] * batch)
+        ids = torch.tensor([policy.encode(prompt)] * batch)
         start = time.perf_counter()
         with torch.no_grad():
             output = plain.generate(
@@ -137,6 +146,7 @@ def main() -> None:
     bandwidth = read_bandwidth()
     size = weight_bytes(plain)
     bound = bandwidth / size
+    print(f"prompt: {len(policy.encode(prompt))} tokens")
     print(
         f"{dtype}, {torch.get_num_threads()} threads; read bandwidth {bandwidth / 1e9:.1f} GB/s, "
         f"weights {size / 1e9:.3f} GB: bound {bound:.1f} decode steps/s at batch 1"

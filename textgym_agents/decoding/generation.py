@@ -16,7 +16,12 @@ from torch import nn
 
 from textgym_agents.decoding.constrained import GrammarMask
 from textgym_agents.decoding.decode_loop import LeanDecoder, decode_rows, lean_decoder, stop_check
-from textgym_agents.decoding.shared_prefix import CACHE_KWARG, CarriedCaches, generation_inputs
+from textgym_agents.decoding.shared_prefix import (
+    CACHE_KWARG,
+    CarriedCaches,
+    decoder_of,
+    generation_inputs,
+)
 from textgym_agents.ppo.config import PPOConfig
 
 __all__ = ["Generation", "cut_reply", "generate_text", "last_prompt_states"]
@@ -153,18 +158,19 @@ def _decode(
     cache = extra[CACHE_KWARG]
     cached = cache.get_seq_length()
     positions = (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 1)
-    output = model(
+    hidden = decoder_of(model)(
         input_ids=input_ids[:, cached:],
         attention_mask=attention_mask,
         position_ids=positions[:, cached:],
         use_cache=True,
-        logits_to_keep=1,
         **{CACHE_KWARG: cache},
-    )
+    ).last_hidden_state
+    head = model.get_output_embeddings()
+    logits = head(hidden[:, -1].contiguous())  # a contiguous row: no copy of the head weight
     stops = config.stop_strings if grammar is None else None
     return decode_rows(
         lean,
-        output.logits[:, -1].float(),
+        logits.float(),
         input_ids,
         attention_mask,
         cache,

@@ -27,6 +27,7 @@ __all__ = [
     "common_prefix_length",
     "containing_rows",
     "continued_states",
+    "decoder_of",
     "decoder_hidden_states",
     "fork_cache",
     "generation_inputs",
@@ -90,8 +91,23 @@ def shared_length(sequences: Sequence[Sequence[int]], max_shared: int) -> int:
     return shared if len(sequences) > 1 and shared >= SHARED_PREFIX_MIN else 0
 
 
+def decoder_of(model: nn.Module) -> nn.Module:
+    """The decoder stack of a causal LM (a ``PeftModel`` or not): the layers, without the head.
+
+    Filling a cache needs no logits: the head over a prompt's positions is a (L, vocab)
+    product (in bf16, a 300-token system prompt spends more on it than on a layer), and
+    transformers runs even one position's (``logits_to_keep=1``, batch > 1) as a batched
+    product that copies the whole head weight first.
+    """
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return getattr(base, base.base_model_prefix, base)
+
+
 def prefix_cache(model: nn.Module, prefix: Sequence[int], batch: int, device: Any) -> Any:
-    """Key/value cache of ``prefix``, repeated for ``batch`` rows (differentiable)."""
+    """Key/value cache of ``prefix``, repeated for ``batch`` rows (differentiable).
+
+    ``model`` is a decoder stack (:func:`decoder_of`) or a causal LM, whose head then runs too.
+    """
     output = model(input_ids=torch.tensor([list(prefix)], device=device), use_cache=True)
     cache = getattr(output, CACHE_KWARG)
     cache.batch_repeat_interleave(batch)
@@ -463,7 +479,7 @@ def generation_inputs(
         cache = growing_cache(1 + reserve)
         _prefill_rows(model, prompts, shared, width, device, starts, cache)
     elif shared:
-        prefix = prefix_cache(model, prompts[0][:shared], len(prompts), device)
+        prefix = prefix_cache(decoder_of(model), prompts[0][:shared], len(prompts), device)
         cache = growing_cache(width - shared + reserve, prefix)
     else:
         cache = growing_cache(width + reserve)
@@ -526,8 +542,8 @@ def _extend(model: nn.Module, cache: Any, tokens: Sequence[int], start: int, dev
     if tokens:
         ids = torch.tensor([list(tokens)], device=device)
         positions = torch.arange(start, start + len(tokens), device=device)[None]
-        kwargs = {CACHE_KWARG: cache, "position_ids": positions, "logits_to_keep": 1}
-        model(input_ids=ids, use_cache=True, **kwargs)
+        kwargs = {CACHE_KWARG: cache, "position_ids": positions}
+        decoder_of(model)(input_ids=ids, use_cache=True, **kwargs)
     return cache
 
 
