@@ -84,9 +84,10 @@ class _Layer:
 
 
 class LeanDecoder:
-    """Decoding steps of one Llama-style model (a ``PeftModel`` or a plain causal LM).
+    """Decoding steps of one Llama-style causal LM, its LoRA adapters included.
 
-    Build it with :func:`lean_decoder`, which returns None for models it does not cover.
+    The model is the base model of a ``PeftModel`` (or one without adapters). Build it with
+    :func:`lean_decoder`, which returns None for models it does not cover.
     :meth:`step` runs one new token per row over a cache that holds every earlier column.
 
     Example:
@@ -103,8 +104,7 @@ class LeanDecoder:
         True
     """
 
-    def __init__(self, model: nn.Module, causal_lm: nn.Module) -> None:
-        self.model = model
+    def __init__(self, causal_lm: nn.Module) -> None:
         self.lm = causal_lm
         config = causal_lm.config
         self.heads = config.num_attention_heads
@@ -154,7 +154,7 @@ class LeanDecoder:
         """The dtype whose adapter products ran faster here: ``autocast``'s or the weights'.
 
         Measured once per decoder on the first layer's stacked q/k/v adapter at batch 1 and 8
-        (on one CPU core with AVX-512 BF16 the fp32 pair took 11 µs, the bf16 pair 39 µs, at
+        (on one CPU core with AVX-512 BF16 the fp32 pair took 15 µs, the bf16 pair 40 µs, at
         batch 1: small bf16 products pay a fixed dispatch cost).
         """
         if autocast not in self._lora_choice:
@@ -173,7 +173,7 @@ class LeanDecoder:
         torch's ``scaled_dot_product_attention`` or :func:`one_query_attention` (two
         products, the softmax in float32), timed at batch 8 over 256 keys in the weights'
         dtype, the keys a view of a longer buffer as in the generation cache. On one CPU core
-        with AVX-512 BF16, in bf16, over 512 keys: 4.1 ms against 0.35 ms a layer (the flash
+        with AVX-512 BF16, in bf16, over 512 keys: 4.1 ms against 0.5 ms a layer (the flash
         kernel is slow at one query); in float32 about even.
         """
         scale = self.head_dim**-0.5
@@ -192,7 +192,7 @@ class LeanDecoder:
         q = make(self.heads, 1)
         k, v = make(self.kv_heads, 288)[:, :, :256], make(self.kv_heads, 288)[:, :, :256]
         mask = torch.ones(8, 1, 1, 256, dtype=torch.bool, device=like.device)
-        return min((sdpa, products), key=lambda f: _best_time(lambda: f(q, k, v, mask)))
+        return min((sdpa, products), key=lambda f: _best_time(lambda: f(q, k, v, mask), q.device))
 
     def _layer(self, layer: nn.Module, lora_dtype: torch.dtype | None) -> _Layer:
         attn, mlp = layer.self_attn, layer.mlp
@@ -311,7 +311,7 @@ def lean_decoder(model: nn.Module) -> LeanDecoder | None:
     if model in _DECODERS:
         return _DECODERS[model]
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    decoder = LeanDecoder(model, base) if _covered(base) else None
+    decoder = LeanDecoder(base) if _covered(base) else None
     _DECODERS[model] = decoder
     return decoder
 
@@ -337,13 +337,16 @@ def _noise(shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
     return torch.randn(shape, generator=generator, device=like.device).to(like.dtype)
 
 
-def _best_time(run: Callable[[], Any], repeats: int = 10) -> float:
-    """The best of ``repeats`` timings of ``run()``, in seconds, autocast off."""
+def _best_time(run: Callable[[], Any], device: torch.device, repeats: int = 10) -> float:
+    """The best of ``repeats`` timings of ``run()`` on ``device``, in seconds, autocast off."""
     best = float("inf")
-    with torch.autocast("cpu", enabled=False):
+    synchronize = torch.cuda.synchronize if device.type == "cuda" else lambda: None
+    with torch.autocast(device.type, enabled=False):
         for _ in range(repeats):
+            synchronize()
             start = time.perf_counter()
             run()
+            synchronize()
             best = min(best, time.perf_counter() - start)
     return best
 
@@ -353,7 +356,7 @@ def _time_pair(a: torch.Tensor, b: torch.Tensor) -> float:
     total = 0.0
     for batch in (1, 8):
         x = _noise((batch, a.shape[1]), a)
-        total += _best_time(lambda x=x: F.linear(F.linear(x, a), b), repeats=20)
+        total += _best_time(lambda x=x: F.linear(F.linear(x, a), b), a.device, repeats=20)
     return total
 
 

@@ -19,32 +19,17 @@ from textgym_agents.decoding.decode_loop import lean_decoder, sample_next, warp
 from textgym_agents.decoding.shared_prefix import CACHE_KWARG, growing_cache
 from textgym_agents.model.adapters import attach_lora
 from textgym_agents.model.precision import mixed_precision
-from textgym_agents.testing import tiny_model
+from textgym_agents.testing import perturb_adapter, tiny_model
 
 SYSTEM = {"role": "system", "content": "You are a calculator agent. Answer in JSON, briefly."}
 QUESTIONS = ["What is 12 * 7?", "What is 3 + 4 + 5 + 6 + 7 + 8 + 9?", "Compute 100 / 8."]
 
 
-def random_adapter(model):
-    """Give every LoRA B matrix random values (peft starts them at zero: no effect)."""
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if "lora_B" in name:
-                parameter.normal_(std=0.2)
-    return model
-
-
-def small_gqa_llama(dtype=torch.float32):
-    config = LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-    )
-    torch.manual_seed(0)
-    return random_adapter(attach_lora(LlamaForCausalLM(config).to(dtype).eval()))
+def gqa_policy(dtype=torch.float32, **settings):
+    """A tiny grouped-query Llama policy whose adapter and value head are not zero."""
+    model, tokenizer = tiny_model(num_heads=4, num_kv_heads=2, dtype=dtype)
+    config = PPOConfig(**{"max_new_tokens": 10} | settings)
+    return perturb_adapter(PPOPolicy(model, tokenizer, config=config), scale=0.2)
 
 
 def steps_and_forward(model, ids, mask=None, dtype=None):
@@ -69,7 +54,7 @@ def steps_and_forward(model, ids, mask=None, dtype=None):
 
 
 def test_a_step_gives_the_logits_of_the_full_forward_pass():
-    model = small_gqa_llama()
+    model = gqa_policy().model
     ids = torch.randint(0, 64, (3, 9))
     mask = torch.ones_like(ids)
     mask[1, :3] = 0  # left padding
@@ -79,7 +64,7 @@ def test_a_step_gives_the_logits_of_the_full_forward_pass():
 
 
 def test_a_step_follows_the_adapter_after_its_weights_change_and_when_disabled():
-    model = small_gqa_llama()
+    model = gqa_policy().model
     ids = torch.randint(0, 64, (2, 7))
     before, _ = steps_and_forward(model, ids)
     with torch.no_grad():  # an optimizer step changes the weights in place
@@ -94,7 +79,7 @@ def test_a_step_follows_the_adapter_after_its_weights_change_and_when_disabled()
 
 
 def test_a_bf16_step_under_mixed_precision_agrees_to_bf16_rounding():
-    model = small_gqa_llama(torch.bfloat16)
+    model = gqa_policy(torch.bfloat16).model
     ids = torch.randint(0, 64, (2, 8))
     step, full = steps_and_forward(model, ids, dtype=torch.bfloat16)
     assert (step - full).abs().max() < 0.05 * full.abs().max()
@@ -102,20 +87,12 @@ def test_a_bf16_step_under_mixed_precision_agrees_to_bf16_rounding():
 
 
 def test_models_it_does_not_cover_keep_transformers_generate():
-    qwen = Qwen2ForCausalLM(
-        Qwen2Config(
-            vocab_size=64,
-            hidden_size=32,
-            intermediate_size=48,
-            num_hidden_layers=1,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-        )
-    )
-    assert lean_decoder(attach_lora(qwen)) is None
-    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1)
-    assert lean_decoder(attach_lora(LlamaForCausalLM(config), {"use_dora": True})) is None
-    assert lean_decoder(LlamaForCausalLM(config)) is not None  # no adapter at all
+    sizes = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 48}
+    sizes |= {"num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2}
+    assert lean_decoder(attach_lora(Qwen2ForCausalLM(Qwen2Config(**sizes)))) is None
+    dora = attach_lora(LlamaForCausalLM(LlamaConfig(**sizes)), {"use_dora": True})
+    assert lean_decoder(dora) is None
+    assert lean_decoder(LlamaForCausalLM(LlamaConfig(**sizes))) is not None  # no adapter at all
 
 
 @pytest.mark.parametrize("top_k, top_p", [(None, 0.8), (5, None), (5, 0.5), (None, 0.999)])
@@ -142,11 +119,14 @@ def test_draws_come_from_the_warped_distribution():
 
 
 def policy_pair(**settings):
-    model, tokenizer = tiny_model()
-    model = random_adapter(attach_lora(model))
-    config = PPOConfig(**{"max_new_tokens": 10} | settings)
-    lean = PPOPolicy(model, tokenizer, config=config)
-    plain = PPOPolicy(model, tokenizer, config=dataclasses.replace(config, lean_decoding=False))
+    """The same policy twice: decoding in the lean loop, and through ``generate()``."""
+    lean = gqa_policy(**settings)
+    plain = PPOPolicy(
+        lean.model,
+        lean.tokenizer,
+        config=dataclasses.replace(lean.config, lean_decoding=False),
+        value_head=lean.value_head,
+    )
     return lean, plain
 
 
@@ -165,8 +145,6 @@ def test_replies_equal_transformers_generate(greedy):
 
 def test_carried_rows_and_critic_values_equal_transformers_generate():
     lean, plain = policy_pair()
-    with torch.no_grad():
-        lean.value_head.summary.weight.normal_()
     chats = [[SYSTEM, {"role": "user", "content": q}] for q in QUESTIONS]
     replies = {}
     for name, policy in (("lean", lean), ("plain", plain)):
@@ -182,6 +160,8 @@ def test_carried_rows_and_critic_values_equal_transformers_generate():
     (a1, a2, kept_a), (b1, b2, kept_b) = replies["lean"], replies["plain"]
     assert a1.response_ids == b1.response_ids and a2.response_ids == b2.response_ids
     assert kept_a == kept_b
+    assert a1.values is not None and max(map(abs, a1.values)) > 1e-3
+    torch.testing.assert_close(torch.tensor(a2.values), torch.tensor(b2.values))
 
 
 def test_constrained_replies_equal_transformers_generate():
