@@ -55,32 +55,32 @@ def steps_and_forward(model, ids, mask=None, dtype=None):
 
 def test_a_step_gives_the_logits_of_the_full_forward_pass():
     model = gqa_policy().model
-    ids = torch.randint(0, 64, (3, 9))
+    ids = torch.randint(0, 64, (3, 9), generator=torch.Generator().manual_seed(0))
     mask = torch.ones_like(ids)
     mask[1, :3] = 0  # left padding
     mask[2, 4:6] = 0  # a gap, as after a shared prefix
     step, full = steps_and_forward(model, ids, mask)
-    torch.testing.assert_close(step, full, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(step, full, atol=1e-4, rtol=1e-4)
 
 
 def test_a_step_follows_the_adapter_after_its_weights_change_and_when_disabled():
     model = gqa_policy().model
-    ids = torch.randint(0, 64, (2, 7))
+    ids = torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(0))
     before, _ = steps_and_forward(model, ids)
     with torch.no_grad():  # an optimizer step changes the weights in place
         model.base_model.model.model.layers[1].mlp.down_proj.lora_B["default"].weight.add_(0.5)
     after, full = steps_and_forward(model, ids)
     assert not torch.allclose(before, after, atol=1e-3)
-    torch.testing.assert_close(after, full, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(after, full, atol=1e-4, rtol=1e-4)
     with model.disable_adapter():
         plain, full = steps_and_forward(model, ids)
-    torch.testing.assert_close(plain, full, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(plain, full, atol=1e-4, rtol=1e-4)
     assert not torch.allclose(plain, after, atol=1e-3)
 
 
 def test_a_bf16_step_under_mixed_precision_agrees_to_bf16_rounding():
     model = gqa_policy(torch.bfloat16).model
-    ids = torch.randint(0, 64, (2, 8))
+    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(0))
     step, full = steps_and_forward(model, ids, dtype=torch.bfloat16)
     assert (step - full).abs().max() < 0.05 * full.abs().max()
     assert torch.equal(step.argmax(-1), full.argmax(-1))
