@@ -146,11 +146,11 @@ def main() -> None:
     bandwidth = read_bandwidth()
     size = weight_bytes(plain)
     bound = bandwidth / size
-    print(f"prompt: {len(policy.encode(prompt))} tokens")
     print(
         f"{dtype}, {torch.get_num_threads()} threads; read bandwidth {bandwidth / 1e9:.1f} GB/s, "
         f"weights {size / 1e9:.3f} GB: bound {bound:.1f} decode steps/s at batch 1"
     )
+    print(f"prompt: {len(policy.encode(prompt))} tokens")
     arms = {
         "policy": timed(policy),
         "generate()": timed(unlean),

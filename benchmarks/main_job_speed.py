@@ -28,7 +28,7 @@ load drifts affect both alike, and each update samples with the same seed in bot
 play the same turns while their numerics agree to rounding). Prints seconds per phase, the
 scored tokens, turns/s and the ratios.
 
-    python benchmarks/main_job_speed.py [--updates 2] [--env textgym/Calculator-v0]
+    python benchmarks/main_job_speed.py [--updates 2] [--env textgym/Calculator-v0] [--model DIR]
 
 Target: >= 2x turns/s for the calculator main job.
 """
@@ -78,9 +78,11 @@ ARMS = {
 PHASES = ("time/rollout_s", "time/score_s", "time/update_s")
 
 
-def make_trainer(env_id: str, num_envs: int, overrides: dict, before: bool) -> PPOTrainer:
+def make_trainer(
+    env_id: str, num_envs: int, overrides: dict, before: bool, model: str | None = None
+) -> PPOTrainer:
     config = PPOConfig.for_env(env_id, num_envs=num_envs, progress=False, seed=0, **overrides)
-    policy = PPOPolicy.from_pretrained(None, config=config)
+    policy = PPOPolicy.from_pretrained(model, config=config)
     if before:  # every micro-batch runs the shared prefix itself
         policy.sharing_prefix = lambda prompts: contextlib.nullcontext()
     return PPOTrainer(policy, gym.make_vec(env_id, num_envs=num_envs))
@@ -107,9 +109,10 @@ def main() -> None:
     parser.add_argument("--updates", type=int, default=2, help="timed updates per arm")
     parser.add_argument("--num-envs", type=int, default=8)
     parser.add_argument("--env", default="textgym/Calculator-v0")
+    parser.add_argument("--model", default=None, help="a model directory (default: embedded)")
     args = parser.parse_args()
     trainers = {
-        name: make_trainer(args.env, args.num_envs, o, name == "before")
+        name: make_trainer(args.env, args.num_envs, o, name == "before", args.model)
         for name, (o, *_) in ARMS.items()
     }
     keys = (*PHASES, "seconds", "turns", "tokens")

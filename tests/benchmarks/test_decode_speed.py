@@ -10,11 +10,13 @@ from tests.benchmarks.scripts import run_script
 @pytest.mark.slow
 def test_the_arms_are_compared_with_the_measured_bound(tiny_dir):
     args = ["--model", tiny_dir, "--tokens", "4", "--batches", "1", "2", "--rounds", "1"]
-    lines = run_script("decode_speed.py", *args, timeout=300).stdout.splitlines()
+    lines = run_script("decode_speed.py", *args, "--context", "2", timeout=300).stdout.splitlines()
     bound = next(line for line in lines if "read bandwidth" in line)
     assert float(re.search(r"bound ([\d.]+) decode steps/s", bound).group(1)) > 0
     rows = [line.split()[0] for line in lines if "of the batch-1 bound" in line]
-    assert rows == ["policy", "plain", "matmuls"] * 2  # every arm at both batch sizes
+    assert rows == ["policy", "generate()", "plain", "matmuls"] * 2  # every arm, both batches
+    tokens = int(re.search(r"prompt: (\d+) tokens", "\n".join(lines)).group(1))
+    assert tokens > 2 * 17  # two sentences of context before the request
     plain = [line for line in lines if line.strip().startswith("plain HF")]
     assert all("(4 steps)" in line for line in plain)  # EOS suppressed: exactly --tokens
     assert any(line.startswith("  policy at batch 1:") for line in lines)
