@@ -1,7 +1,8 @@
 """Free and grammar-constrained text generation for :class:`~textgym_agents.policy.PPOPolicy`.
 
-One batched ``model.generate()`` call over left-padded prompts that share a cached prefix, and
-the cut of each row back to the tokens the model actually sampled.
+One batched call over left-padded prompts that share a cached prefix — the lean decoding loop
+(:mod:`~textgym_agents.decoding.decode_loop`) where it covers the model, else
+``model.generate()`` — and the cut of each row back to the tokens the model actually sampled.
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ from textgym_agents.decoding.shared_prefix import (
     containing_rows,
     continue_tree,
     decoder_hidden_states,
+    decoder_of,
     fork_cache,
     run_rows,
     shared_length,
@@ -362,8 +363,7 @@ class PolicyScoring:
         return self._causal_lm().get_output_embeddings()
 
     def _decoder(self) -> nn.Module:
-        lm = self._causal_lm()
-        return getattr(lm, lm.base_model_prefix)
+        return decoder_of(self.model)
 
     def _hidden_states(
         self, sequences: Sequence[list[int]], *, max_shared: int
