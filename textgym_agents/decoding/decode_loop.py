@@ -9,11 +9,13 @@ products alone (docs/performance.md). :class:`LeanDecoder` runs a step as the pr
 the few elementwise operations a Llama layer needs:
 
 - the adapters' weights are prepared once per weight version (``Tensor._version``, bumped by
-  every optimizer step) in the step's dtype, with the scaling folded into ``B``, and the
-  ``A`` matrices of projections that read the same input stacked (q, k, v; gate, up), so a
-  layer runs 8 small products instead of 14 and casts nothing;
+  every optimizer step), with the scaling folded into ``B`` and the ``A`` matrices of
+  projections that read the same input stacked (q, k, v; gate, up), so a layer runs 8 small
+  products instead of 14 and casts no weight; under mixed precision they run in fp32 or in
+  the autocast dtype, whichever was measured faster on the machine;
 - keys and values are written into the generation's cache in place (a
-  :func:`~textgym_agents.decoding.shared_prefix.growing_cache`);
+  :func:`~textgym_agents.decoding.shared_prefix.growing_cache`), and the attention of the one
+  new query is torch's kernel or :func:`one_query_attention`, whichever was measured faster;
 - sampling is temperature, top-k and top-p as transformers applies them, then one
   ``torch.multinomial`` draw (or the argmax), on float32 logits.
 
