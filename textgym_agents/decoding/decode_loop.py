@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,7 +45,6 @@ __all__ = [
     "one_query_attention",
     "sample_next",
     "warp",
-    "stop_check",
 ]
 
 SUPPORTED_MODEL_TYPES = frozenset({"llama"})
@@ -497,8 +496,3 @@ def decode_rows(
         mask = columns[:, None, None, : width + step] if padded else None
         logits = decoder.step(tokens, positions, cache, mask)
         positions = positions + 1
-
-
-def stop_check(tokenizer: Any, stops: Sequence[str]) -> Callable[[list[int]], bool]:
-    """Whether a row's new tokens, decoded, contain one of ``stops``."""
-    return lambda tokens: any(stop in tokenizer.decode(tokens) for stop in stops)

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from textgym_agents.decoding.constrained import GrammarMask
-from textgym_agents.decoding.decode_loop import LeanDecoder, decode_rows, lean_decoder, stop_check
+from textgym_agents.decoding.decode_loop import LeanDecoder, decode_rows, lean_decoder
 from textgym_agents.decoding.shared_prefix import (
     CACHE_KWARG,
     CarriedCaches,
@@ -88,40 +88,19 @@ def generate_text(
         The prompts, each row's reply tokens (up to EOS or a stop string) and texts.
     """
     pad = tokenizer.pad_token_id
-    input_ids, attention_mask, extra = generation_inputs(
+    input_ids, attention_mask, cache = generation_inputs(
         model, prompts, pad=pad, reserve=max_new_tokens, carried=carried
     )
-    if grammar is not None:  # stop strings end a reply only where the grammar accepts
-        extra["logits_processor"] = [grammar]
-    elif config.stop_strings:
-        extra.update(stop_strings=config.stop_strings, tokenizer=tokenizer)
-    sampling: dict[str, Any] = {"do_sample": False, "top_k": None}
-    if not greedy:
-        sampling = {"do_sample": True, "temperature": config.temperature}
-        sampling.update(top_p=config.top_p, top_k=config.top_k or None)
     lean = lean_decoder(model) if config.lean_decoding else None
     if lean is not None and not lean.in_weights_dtype():
         lean = None  # autocast to another dtype: generate() follows it
+    inputs = (model, tokenizer, input_ids, attention_mask, cache, config)
+    budget = {"eos_ids": eos_ids, "max_new_tokens": max_new_tokens, "greedy": greedy}
     with last_prompt_states(critic[0]) if critic else nullcontext([]) as states:
         if lean is not None:
-            budget = {"max_new_tokens": max_new_tokens, "greedy": greedy, "grammar": grammar}
-            inputs = (input_ids, attention_mask, extra)
-            sequences = _decode(lean, model, tokenizer, *inputs, config, eos_ids=eos_ids, **budget)
-            cache = extra[CACHE_KWARG]
+            sequences = _decode(lean, *inputs, grammar=grammar, **budget)
         else:
-            output = model.generate(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                max_new_tokens=max_new_tokens,
-                pad_token_id=pad,
-                eos_token_id=sorted(eos_ids),
-                use_cache=True,
-                return_dict_in_generate=carried is not None,
-                **sampling,
-                **extra,
-            )
-            sequences = output if carried is None else output.sequences
-            cache = getattr(output, CACHE_KWARG, None)
+            sequences = _generate(*inputs, grammar=grammar, **budget)
     rows = [row[input_ids.shape[1] :].tolist() for row in sequences.cpu()]
 
     def cut(tokens: list[int]) -> list[int]:
@@ -137,13 +116,12 @@ def generate_text(
     return Generation(prompts, responses, [prefix + text for text in texts], values=values)
 
 
-def _decode(
-    lean: LeanDecoder,
+def _generate(
     model: nn.Module,
     tokenizer: Any,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
-    extra: dict[str, Any],
+    cache: Any,
     config: PPOConfig,
     *,
     eos_ids: set[int],
@@ -151,12 +129,47 @@ def _decode(
     greedy: bool,
     grammar: GrammarMask | None,
 ) -> torch.Tensor:
-    """``generate()``'s sequences, from the lean loop.
+    """The sequences of one transformers ``generate()`` call, which extends ``cache``."""
+    extra: dict[str, Any] = {CACHE_KWARG: cache}
+    if grammar is not None:  # stop strings end a reply only where the grammar accepts
+        extra["logits_processor"] = [grammar]
+    elif config.stop_strings:
+        extra.update(stop_strings=config.stop_strings, tokenizer=tokenizer)
+    sampling: dict[str, Any] = {"do_sample": False, "top_k": None}
+    if not greedy:
+        sampling = {"do_sample": True, "temperature": config.temperature}
+        sampling.update(top_p=config.top_p, top_k=config.top_k or None)
+    return model.generate(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        max_new_tokens=max_new_tokens,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=sorted(eos_ids),
+        use_cache=True,
+        **sampling,
+        **extra,
+    )
+
+
+def _decode(
+    lean: LeanDecoder,
+    model: nn.Module,
+    tokenizer: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    cache: Any,
+    config: PPOConfig,
+    *,
+    eos_ids: set[int],
+    max_new_tokens: int,
+    greedy: bool,
+    grammar: GrammarMask | None,
+) -> torch.Tensor:
+    """``generate()``'s sequences, from the lean loop, which extends ``cache``.
 
     The model itself runs the prompts' uncached columns (hooks see that pass), then
     :func:`~textgym_agents.decoding.decode_loop.decode_rows` samples the replies.
     """
-    cache = extra[CACHE_KWARG]
     cached = cache.get_seq_length()
     positions = (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 1)
     hidden = decoder_of(model)(
@@ -168,7 +181,11 @@ def _decode(
     ).last_hidden_state
     head = model.get_output_embeddings()
     logits = head(hidden[:, -1].contiguous())  # a contiguous row: no copy of the head weight
-    stops = config.stop_strings if grammar is None else None
+    stops = config.stop_strings if grammar is None else ()
+
+    def stopped(tokens: list[int]) -> bool:
+        return _has_stop(tokenizer.decode(tokens), stops)
+
     return decode_rows(
         lean,
         logits.float(),
@@ -183,7 +200,7 @@ def _decode(
         top_k=config.top_k or None,
         top_p=config.top_p,
         processor=grammar,
-        stopped=stop_check(tokenizer, stops) if stops else None,
+        stopped=stopped if stops else None,
     )
 
 

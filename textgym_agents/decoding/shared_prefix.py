@@ -446,10 +446,10 @@ def generation_inputs(
     pad: int,
     reserve: int = 0,
     carried: CarriedCaches | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
-    """``input_ids``, ``attention_mask`` and extra ``generate()`` kwargs for a batch.
+) -> tuple[torch.Tensor, torch.Tensor, Any]:
+    """``input_ids``, ``attention_mask`` and the key/value cache to decode a batch from.
 
-    Rows are laid out as ``[shared | left padding | own tokens]``; ``generate()`` derives
+    Rows are laid out as ``[shared | left padding | own tokens]``; decoding derives
     positions from the attention mask, so the gap is invisible, and the shared part comes
     from a cache computed once. With ``carried``, a prompt that shares the shared part (or
     more) with a row of the last call starts from that row's cache.
@@ -466,7 +466,6 @@ def generation_inputs(
         attention_mask[row, :shared] = 1
         attention_mask[row, width - own :] = 1
     device = next(model.parameters()).device
-    extra: dict[str, Any] = {}
     own = [len(p) - shared for p in prompts]
     starts = [carried.find(p) if carried else (0, None) for p in prompts]
     # A kept row that holds the shared part (or more) saves running it again.
@@ -483,8 +482,7 @@ def generation_inputs(
         cache = growing_cache(width - shared + reserve, prefix)
     else:
         cache = growing_cache(width + reserve)
-    extra[CACHE_KWARG] = cache
-    return input_ids.to(device), attention_mask.to(device), extra
+    return input_ids.to(device), attention_mask.to(device), cache
 
 
 def _prefill_rows(
