@@ -12,10 +12,11 @@ the few elementwise operations a Llama layer needs:
   every optimizer step), with the scaling folded into ``B`` and the ``A`` matrices of
   projections that read the same input stacked (q, k, v; gate, up), so a layer runs 8 small
   products instead of 14 and casts no weight; under mixed precision they run in fp32 or in
-  the autocast dtype, whichever was measured faster on the machine;
+  the autocast dtype, whichever was measured faster on the machine (:func:`_choice`);
 - keys and values are written into the generation's cache in place (a
   :func:`~textgym_agents.decoding.shared_prefix.growing_cache`), and the attention of the one
-  new query is torch's kernel or :func:`one_query_attention`, whichever was measured faster;
+  new query is torch's kernel or :func:`one_query_attention`, whichever was measured faster
+  (each choice made once per machine and kept, so every run on it samples alike);
 - sampling is temperature, top-k and top-p as transformers applies them, then one
   ``torch.multinomial`` draw (or the argmax), on float32 logits.
 
@@ -38,6 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 __all__ = [
+    "CLEARLY_FASTER",
     "SUPPORTED_MODEL_TYPES",
     "LeanDecoder",
     "decode_rows",
@@ -152,28 +154,38 @@ class LeanDecoder:
             self._key = key
 
     def _lora_dtype(self, autocast: torch.dtype) -> torch.dtype | None:
-        """The dtype whose adapter products ran faster here: ``autocast``'s or the weights'.
+        """``autocast`` where the adapter products run clearly faster in it, else None (theirs).
 
-        Measured once per decoder on the first layer's stacked q/k/v adapter at batch 1 and 8
-        (on one CPU core with AVX-512 BF16 the fp32 pair took 15 µs, the bf16 pair 40 µs, at
-        batch 1: small bf16 products pay a fixed dispatch cost).
+        Measured once per machine (:func:`_choice`) on the first layer's stacked q/k/v adapter
+        at batch 1 and 8 (on one CPU core with AVX-512 BF16 the fp32 pair took 15 µs, the bf16
+        pair 40 µs, at batch 1: small bf16 products pay a fixed dispatch cost).
         """
         if autocast not in self._lora_choice:
             found = self._layer(self.lm.model.layers[0], None).qkv
             if found.a is None:
                 self._lora_choice[autocast] = None
             else:
-                own = _time_pair(found.a, found.b)  # type: ignore[arg-type]
-                cast = _time_pair(found.a.to(autocast), found.b.to(autocast))  # type: ignore[union-attr]
-                self._lora_choice[autocast] = autocast if cast < own else None
+                a, b = found.a, found.b
+                assert b is not None
+                name = (
+                    f"decode adapters {_where(a.device)} {a.dtype} -> {autocast}, "
+                    f"{tuple(a.shape)} x {tuple(b.shape)}"
+                )
+                chosen = _choice(
+                    name,
+                    default=lambda: _time_pair(a, b),
+                    other=lambda: _time_pair(a.to(autocast), b.to(autocast)),
+                )
+                self._lora_choice[autocast] = autocast if chosen else None
         return self._lora_choice[autocast]
 
     def _attention(self, like: torch.Tensor) -> Callable[..., torch.Tensor]:
-        """The faster attention for one query per row here, measured once per decoder.
+        """The attention for one query per row here, measured once per machine (:func:`_choice`).
 
-        torch's ``scaled_dot_product_attention`` or :func:`one_query_attention` (two
-        products, the softmax in float32), timed at batch 8 over 256 keys in the weights'
-        dtype, the keys a view of a longer buffer as in the generation cache. On one CPU core
+        torch's ``scaled_dot_product_attention``, or :func:`one_query_attention` (two
+        products, the softmax in float32) where it is clearly faster, timed at batch 8 over
+        256 keys in the weights' dtype, the keys a view of a longer buffer as in the
+        generation cache. On one CPU core
         with AVX-512 BF16, in bf16, over 512 keys: 4.1 ms against 0.5 ms a layer (the flash
         kernel is slow at one query); in float32 about even.
         """
@@ -193,7 +205,16 @@ class LeanDecoder:
         q = make(self.heads, 1)
         k, v = make(self.kv_heads, 288)[:, :, :256], make(self.kv_heads, 288)[:, :, :256]
         mask = torch.ones(8, 1, 1, 256, dtype=torch.bool, device=like.device)
-        return min((sdpa, products), key=lambda f: _best_time(lambda: f(q, k, v, mask), q.device))
+        name = (
+            f"decode attention {_where(like.device)} {like.dtype}, "
+            f"{self.heads}/{self.kv_heads} heads of {self.head_dim}"
+        )
+        chosen = _choice(
+            name,
+            default=lambda: _best_time(lambda: sdpa(q, k, v, mask), q.device),
+            other=lambda: _best_time(lambda: products(q, k, v, mask), q.device),
+        )
+        return products if chosen else sdpa
 
     def _layer(self, layer: nn.Module, lora_dtype: torch.dtype | None) -> _Layer:
         attn, mlp = layer.self_attn, layer.mlp
@@ -332,6 +353,31 @@ def _covered(lm: nn.Module) -> bool:
         ):
             return False
     return True
+
+
+CLEARLY_FASTER = 1.25
+"""How much faster the loop's alternative to what transformers runs (a kernel, the adapters'
+dtype) must measure before it is chosen: timings of close options flip under load."""
+
+
+def _choice(name: str, *, default: Callable[[], float], other: Callable[[], float]) -> bool:
+    """Whether ``other`` is :data:`CLEARLY_FASTER` than ``default`` (seconds), asked once a machine.
+
+    The answer is kept for the process and in the precision cache file
+    (:func:`~textgym_agents.model.precision.measured_choice`): numerics that differ by a
+    kernel change what a seeded run samples, so every run on a machine must choose alike.
+    """
+    from textgym_agents.model.loading import cache_dir
+    from textgym_agents.model.precision import PRECISION_FILE, measured_choice
+
+    def measure() -> str:
+        return "other" if default() > CLEARLY_FASTER * other() else "default"
+
+    return measured_choice(name, measure, cache_file=cache_dir() / PRECISION_FILE) == "other"
+
+
+def _where(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
 
 
 def _noise(shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:

@@ -49,6 +49,7 @@ __all__ = [
     "in_compute_dtype",
     "in_decode_dtype",
     "matmul_gflops",
+    "measured_choice",
     "mixed_precision",
     "pass_dtype_of",
 ]
@@ -215,22 +216,39 @@ def cpu_signature() -> str:
     )
 
 
+def _read_cache(path: Path | None) -> dict[str, Any]:
+    """The measurements kept in ``path`` by machine signature ({} where none can be read)."""
+    if path is None:
+        return {}
+    with contextlib.suppress(OSError, ValueError):
+        cached = json.loads(path.read_text())
+        return cached if isinstance(cached, dict) else {}
+    return {}
+
+
+def _write_cache(path: Path | None, cached: dict[str, Any]) -> None:
+    if path is not None:
+        with contextlib.suppress(OSError):  # a read-only cache only costs a re-measurement
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(path, cached)
+
+
+def _entry(cached: dict[str, Any], key: str) -> dict[str, Any]:
+    entry = cached.get(key)
+    return entry if isinstance(entry, dict) else {}
+
+
 def _measure_cpu(path: Path | None) -> CpuSpeeds:
     """Both shapes in both dtypes, measured once per machine signature and cached in ``path``.
 
     An entry written before the generation shape was measured is measured again.
     """
-    key, cached = cpu_signature(), {}
-    names = [field.name for field in fields(CpuSpeeds)]
-    if path is not None:
-        with contextlib.suppress(OSError, ValueError):
-            cached = json.loads(path.read_text())
-        cached = cached if isinstance(cached, dict) else {}
-        entry = cached.get(key)
-        if isinstance(entry, dict) and set(names) <= set(entry):
-            with contextlib.suppress(TypeError, ValueError):
-                values = {n: None if entry[n] is None else float(entry[n]) for n in names}
-                return CpuSpeeds(**values)
+    key, names = cpu_signature(), [field.name for field in fields(CpuSpeeds)]
+    entry = _entry(_read_cache(path), key)
+    if set(names) <= set(entry):
+        with contextlib.suppress(TypeError, ValueError):
+            values = {n: None if entry[n] is None else float(entry[n]) for n in names}
+            return CpuSpeeds(**values)
     speeds = CpuSpeeds(matmul_gflops(torch.float32), matmul_gflops(torch.bfloat16))
     if speeds.bf16_passes:
         speeds = replace(
@@ -238,12 +256,50 @@ def _measure_cpu(path: Path | None) -> CpuSpeeds:
             decode_fp32=decode_gweights(torch.float32),
             decode_bf16=decode_gweights(torch.bfloat16),
         )
-    if path is not None:
-        cached[key] = {n: v if v is None else round(v, 2) for n, v in asdict(speeds).items()}
-        with contextlib.suppress(OSError):  # a read-only cache only costs a re-measurement
-            path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_json(path, cached)
+    cached = _read_cache(path)
+    cached[key] = {
+        **_entry(cached, key),
+        **{n: v if v is None else round(v, 2) for n, v in asdict(speeds).items()},
+    }
+    _write_cache(path, cached)
     return speeds
+
+
+_CHOSEN: dict[tuple[str, str], str] = {}
+
+
+def measured_choice(name: str, measure: Callable[[], str], *, cache_file: Path | None) -> str:
+    """A choice made once per machine by ``measure()`` and kept, so every process agrees.
+
+    Choices made from timings flip between runs when two options are close or the machine is
+    busy; a choice that changes numerics (a kernel, a dtype) then changes what a seeded run
+    samples, and a resumed run would not replay the run it continues. So the first answer is
+    kept for the process and under the machine's :func:`cpu_signature` in ``cache_file``
+    (``"choices"`` of its entry; None keeps it for the process only). Where two processes
+    measure at once, the answer written first wins for both from then on.
+
+    Example:
+        >>> measured_choice("doc example", lambda: "a", cache_file=None)
+        'a'
+        >>> measured_choice("doc example", lambda: "b", cache_file=None)  # kept
+        'a'
+    """
+    key = (cpu_signature(), name)
+    if key not in _CHOSEN:
+        kept = _entry(_read_cache(cache_file), key[0]).get("choices")
+        value = kept.get(name) if isinstance(kept, dict) else None
+        if not isinstance(value, str):
+            measured = measure()
+            cached = _read_cache(cache_file)  # read again: another process may have chosen
+            entry = _entry(cached, key[0])
+            choices = entry.get("choices") if isinstance(entry.get("choices"), dict) else {}
+            if not isinstance(choices.get(name), str):
+                choices = {**choices, name: measured}
+                cached[key[0]] = {**entry, "choices": choices}
+                _write_cache(cache_file, cached)
+            value = choices[name]
+        _CHOSEN[key] = value
+    return _CHOSEN[key]
 
 
 def choose_precision(device: torch.device, *, cache_file: Path | None = None) -> Precision:

@@ -2,6 +2,7 @@
 transformers' ``generate()``, the same draws as its logits warpers."""
 
 import dataclasses
+import json
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from transformers import (
 )
 
 from textgym_agents import PPOConfig, PPOPolicy
+from textgym_agents.decoding import decode_loop
 from textgym_agents.decoding.decode_loop import lean_decoder, sample_next, warp
 from textgym_agents.decoding.shared_prefix import CACHE_KWARG, growing_cache
 from textgym_agents.model.adapters import attach_lora
@@ -53,7 +55,18 @@ def steps_and_forward(model, ids, mask=None, dtype=None):
     return step, full.float()
 
 
-def test_a_step_gives_the_logits_of_the_full_forward_pass():
+@pytest.fixture
+def choices(monkeypatch, tmp_path):
+    """A machine with nothing chosen yet: an empty cache directory and process memory."""
+    monkeypatch.setenv("TEXTGYM_CACHE", str(tmp_path))
+    monkeypatch.setattr("textgym_agents.model.precision._CHOSEN", {})
+    return tmp_path / "precision.json"
+
+
+@pytest.mark.parametrize("ours", [False, True], ids=["torch-kernels", "loop-kernels"])
+def test_a_step_gives_the_logits_of_the_full_forward_pass(ours, monkeypatch):
+    """With either choice of attention kernel and adapter dtype."""
+    monkeypatch.setattr(decode_loop, "_choice", lambda name, **timings: ours)
     model = gqa_policy().model
     ids = torch.randint(0, 64, (3, 9), generator=torch.Generator().manual_seed(0))
     mask = torch.ones_like(ids)
@@ -78,12 +91,47 @@ def test_a_step_follows_the_adapter_after_its_weights_change_and_when_disabled()
     assert not torch.allclose(plain, after, atol=1e-3)
 
 
-def test_a_bf16_step_under_mixed_precision_agrees_to_bf16_rounding():
+@pytest.mark.parametrize("ours", [False, True], ids=["torch-kernels", "loop-kernels"])
+def test_a_bf16_step_under_mixed_precision_agrees_to_bf16_rounding(ours, monkeypatch):
+    monkeypatch.setattr(decode_loop, "_choice", lambda name, **timings: ours)
     model = gqa_policy(torch.bfloat16).model
     ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(0))
     step, full = steps_and_forward(model, ids, dtype=torch.bfloat16)
     assert (step - full).abs().max() < 0.05 * full.abs().max()
     assert torch.equal(step.argmax(-1), full.argmax(-1))
+
+
+@pytest.mark.parametrize(
+    ("default", "other", "chosen"), [(1.3, 1.0, True), (1.2, 1.0, False), (1.0, 2.0, False)]
+)
+def test_the_loops_own_kernel_is_chosen_only_when_clearly_faster(default, other, chosen, choices):
+    assert decode_loop.CLEARLY_FASTER == 1.25
+    name = f"test {default} {other}"
+    assert decode_loop._choice(name, default=lambda: default, other=lambda: other) is chosen
+
+
+def test_kernel_choices_are_made_once_a_machine_and_every_decoder_follows_them(
+    choices, monkeypatch
+):
+    """Timings flip under load; a second decoder (a resumed run's model) must not re-time."""
+    first = lean_decoder(gqa_policy().model)
+    attend = first._attention(torch.zeros(1))
+    kept = json.loads(choices.read_text())
+    assert any(
+        name.startswith("decode attention cpu")
+        for entry in kept.values()
+        for name in entry["choices"]
+    )
+
+    def fail(*args, **kwargs):
+        raise AssertionError("timed again")
+
+    monkeypatch.setattr(decode_loop, "_best_time", fail)
+    second = lean_decoder(gqa_policy().model)
+    assert second is not first
+    assert second._attention(torch.zeros(1)).__name__ == attend.__name__
+    monkeypatch.setattr("textgym_agents.model.precision._CHOSEN", {})  # another process
+    assert lean_decoder(gqa_policy().model)._attention(torch.zeros(1)).__name__ == attend.__name__
 
 
 def test_models_it_does_not_cover_keep_transformers_generate():

@@ -16,6 +16,7 @@ from textgym_agents.model.precision import (
     cpu_signature,
     decode_gweights,
     matmul_gflops,
+    measured_choice,
     mixed_precision,
 )
 from textgym_agents.testing import perturb_adapter, tiny_model
@@ -96,6 +97,35 @@ def test_generation_shape_is_timed_only_when_bf16_passes_win(cache, monkeypatch)
     assert choice.name == "bfloat16-passes" and choice.dtype is torch.float32
     assert json.loads(cache.read_text())[cpu_signature()]["decode_bf16"] == 2.0
     assert resolve_precision("auto", "cpu") == choice and len(timed) == 2  # cached now
+
+
+def test_a_measured_choice_is_kept_for_the_machine_beside_the_speeds(cache, monkeypatch):
+    monkeypatch.setattr("textgym_agents.model.precision._CHOSEN", {})
+    assert measured_choice("kernel", lambda: "fast one", cache_file=cache) == "fast one"
+    assert measured_choice("kernel", lambda: "other", cache_file=cache) == "fast one"
+    monkeypatch.setattr("textgym_agents.model.precision._CHOSEN", {})  # a new process
+    assert measured_choice("kernel", lambda: "other", cache_file=cache) == "fast one"
+    monkeypatch.setattr(
+        "textgym_agents.model.precision.matmul_gflops",
+        lambda dtype, **kwargs: {torch.float32: 100.0, torch.bfloat16: 40.0}[dtype],
+    )
+    resolve_precision("auto", "cpu")  # the speeds measured later keep the choices
+    entry = json.loads(cache.read_text())[cpu_signature()]
+    assert entry["choices"] == {"kernel": "fast one"} and entry["fp32"] == 100.0
+    assert measured_choice("unsaved", lambda: "x", cache_file=None) == "x"
+    assert "unsaved" not in json.loads(cache.read_text())[cpu_signature()]["choices"]
+
+
+def test_when_two_processes_choose_at_once_the_first_written_wins(cache, monkeypatch):
+    monkeypatch.setattr("textgym_agents.model.precision._CHOSEN", {})
+
+    def measure_while_another_process_writes():
+        cache.write_text(json.dumps({cpu_signature(): {"choices": {"kernel": "theirs"}}}))
+        return "ours"
+
+    assert measured_choice("kernel", measure_while_another_process_writes, cache_file=cache) == (
+        "theirs"
+    )
 
 
 def test_decode_gweights_is_positive():
