@@ -136,7 +136,7 @@ def main() -> None:
             episode_return += reward
             done = terminated or truncated
         returns.append(episode_return)
-        train_stats = agent.terminate_episode(truncated=truncated and not terminated)
+        train_stats = agent.terminate_episode(truncated and not terminated, observation)
         recent = returns[-100:]
         bar.set_postfix(last_100=f"{sum(recent) / len(recent):+.3f}", refresh=False)
         if train_stats is not None:

@@ -225,12 +225,18 @@ class Agent(ABC):
             raise RuntimeError("assign_reward() needs a turn: call act() first")
         self.current_turns[-1].reward += float(reward)
 
-    def terminate_episode(self, truncated: bool = False) -> dict[str, float] | None:
+    def terminate_episode(
+        self, truncated: bool = False, observation: Any = None
+    ) -> dict[str, float] | None:
         """End the episode; run a PPO update once ``batch_size`` episodes are recorded.
 
         Args:
-            truncated: The episode was cut short (time limit) rather than finished; its last
-                turn is then bootstrapped from the value of the final conversation.
+            truncated: The episode was cut short (a time limit) rather than finished: its last
+                turn is then bootstrapped from the critic's value of the state after it.
+            observation: The env's last observation (from the ``env.step`` that truncated),
+                which the bootstrap shows the model as :meth:`act` would. Without it the
+                bootstrap reads the last prompt and the reply to it: the model has not seen
+                the state after its last reply.
 
         Returns:
             The update's metrics, or None when the batch is not full yet.
@@ -238,8 +244,11 @@ class Agent(ABC):
         if self.current_turns:
             last = self.current_turns[-1]
             last.truncated, last.terminated = truncated, not truncated
-            if truncated:
-                last.bootstrap_ids = self.policy.encode(self.current_episode_messages)
+            if truncated and observation is not None:
+                self._chat.observe(self.format_observation(observation))
+                last.bootstrap_ids = self.policy.encode(self._chat.messages())
+            elif truncated:
+                last.bootstrap_ids = [*last.prompt_ids, *last.response_ids]
             for turn in self.current_turns:
                 if self.group_size > 1:
                     turn.group = self.episodes_in_buffer // self.group_size

@@ -220,3 +220,27 @@ def test_history_sets_the_past_turns_each_prompt_keeps(history):
     assert agent.text_env(gym.make("Blackjack-v1")).history == expected
     with pytest.raises(ValueError, match="history must be None or an int >= 0, got -1"):
         make(NamedAgent, history=-1)
+
+
+@pytest.mark.parametrize("history", [None, 0])
+def test_a_truncated_episode_is_bootstrapped_from_the_state_after_its_last_turn(history):
+    agent = make(NamedAgent, batch_size=10, history=history)
+    for total in (12, 15):
+        agent.act((total, 10, 0))
+        agent.assign_reward(0.0)
+    last = agent.current_turns[-1]
+    agent.terminate_episode(truncated=True, observation=(19, 10, 0))
+    state = agent.policy.tokenizer.decode(last.bootstrap_ids)
+    assert state.startswith(agent.policy.tokenizer.decode(last.prompt_ids[:5]))  # system prompt
+    assert "Your current total is 19" in state  # as act() would show it, history and all
+    assert ("Your current total is 15" in state) == (history is None)
+    assert last.truncated and not last.terminated
+
+    agent.act((12, 10, 0))
+    agent.assign_reward(0.0)
+    last = agent.current_turns[-1]
+    agent.terminate_episode(truncated=True)  # no observation: the last prompt and reply
+    assert last.bootstrap_ids == [*last.prompt_ids, *last.response_ids]
+    agent.act((12, 10, 0))
+    agent.terminate_episode()
+    assert agent.buffer.turns()[-1].bootstrap_ids is None
