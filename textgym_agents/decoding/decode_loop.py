@@ -185,9 +185,8 @@ class LeanDecoder:
         torch's ``scaled_dot_product_attention``, or :func:`one_query_attention` (two
         products, the softmax in float32) where it is clearly faster, timed at batch 8 over
         256 keys in the weights' dtype, the keys a view of a longer buffer as in the
-        generation cache. On one CPU core
-        with AVX-512 BF16, in bf16, over 512 keys: 4.1 ms against 0.5 ms a layer (the flash
-        kernel is slow at one query); in float32 about even.
+        generation cache. On one CPU core with AVX-512 BF16, in bf16, over 512 keys: 4.1 ms
+        against 0.5 ms a layer (the flash kernel is slow at one query); in float32 about even.
         """
         scale = self.head_dim**-0.5
 
