@@ -9,8 +9,8 @@ from tests.benchmarks.scripts import run_script
 pytest.importorskip("pettingzoo")
 
 
-def run(tiny_dir, out):
-    args = ["--model", tiny_dir, "--seeds", "0", "--episodes", "8", "--eval-every", "4"]
+def run(tiny_dir, out, seeds="0"):
+    args = ["--model", tiny_dir, "--seeds", seeds, "--episodes", "8", "--eval-every", "4"]
     args += ["--eval-games", "6", "--curve-games", "4", "--num-envs", "4", "--group-size", "2"]
     return run_script("tictactoe.py", *args, "--out", out).stdout
 
@@ -37,3 +37,16 @@ def test_a_seed_trains_is_scored_against_both_opponents_and_is_read_back(tiny_di
     assert (out / "tictactoe.png").read_bytes()[:4] == b"\x89PNG"
     again = run(tiny_dir, out)  # read back, not retrained
     assert [line for line in again.splitlines() if line.startswith("| ")] == table
+
+
+@pytest.mark.slow
+def test_the_untrained_policy_is_scored_once_for_every_seed(tiny_dir, tmp_path):
+    out = tmp_path / "ttt"
+    stdout = run(tiny_dir, out, seeds="0,1")
+    assert "seed 0: the untrained policy's results read from" not in stdout
+    assert f"seed 1: the untrained policy's results read from {out / 'untrained.json'}" in stdout
+    first, second = (
+        json.loads((out / f"gigpo-seed{s}" / "result.json").read_text()) for s in (0, 1)
+    )
+    assert first["before"] == second["before"] and first["before"]["random"]["games"] == 6
+    assert len(json.loads((out / "untrained.json").read_text())) == 1
