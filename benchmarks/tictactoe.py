@@ -33,6 +33,7 @@ from typing import Any
 import gymnasium as gym
 
 import textgym  # noqa: F401  (registers the text envs)
+from textgym.atomic import atomic_write_json
 from textgym.envs.pettingzoo_seat import AECSeatEnv, Opponent, RandomOpponent, play_games
 from textgym.envs.tictactoe_minimax import MinimaxOpponent
 from textgym_agents import PPOPolicy, evaluate
@@ -102,7 +103,7 @@ def untrained_scores(policy: PPOPolicy, args: argparse.Namespace, seed: int) -> 
         print(f"  seed {seed}: the untrained policy's results read from {kept_file}", flush=True)
         return kept[key]
     scores = {name: score(policy, name, args.eval_games) for name in OPPONENTS}
-    kept_file.write_text(json.dumps({**kept, key: scores}))
+    atomic_write_json(kept_file, {**kept, key: scores})  # cells may share --out
     return scores
 
 
