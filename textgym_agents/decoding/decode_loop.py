@@ -172,9 +172,7 @@ class LeanDecoder:
                     f"{tuple(a.shape)} x {tuple(b.shape)}"
                 )
                 chosen = _choice(
-                    name,
-                    default=lambda: _time_pair(a, b),
-                    other=lambda: _time_pair(a.to(autocast), b.to(autocast)),
+                    name, lambda: (_time_pair(a, b), _time_pair(a.to(autocast), b.to(autocast)))
                 )
                 self._lora_choice[autocast] = autocast if chosen else None
         return self._lora_choice[autocast]
@@ -198,22 +196,23 @@ class LeanDecoder:
         def products(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any) -> torch.Tensor:
             return one_query_attention(q, k, v, mask, scale)
 
-        def make(heads: int, length: int) -> torch.Tensor:
-            return _noise((8, heads, length, self.head_dim), like)
+        def timings() -> tuple[float, float]:  # only where this machine has not chosen yet
+            def make(heads: int, length: int) -> torch.Tensor:
+                return _noise((8, heads, length, self.head_dim), like)
 
-        q = make(self.heads, 1)
-        k, v = make(self.kv_heads, 288)[:, :, :256], make(self.kv_heads, 288)[:, :, :256]
-        mask = torch.ones(8, 1, 1, 256, dtype=torch.bool, device=like.device)
+            q = make(self.heads, 1)
+            k, v = make(self.kv_heads, 288)[:, :, :256], make(self.kv_heads, 288)[:, :, :256]
+            mask = torch.ones(8, 1, 1, 256, dtype=torch.bool, device=like.device)
+            sdpa_s, products_s = (
+                _best_time(lambda f=f: f(q, k, v, mask), like.device) for f in (sdpa, products)
+            )
+            return sdpa_s, products_s
+
         name = (
             f"decode attention {_where(like.device)} {like.dtype}, "
             f"{self.heads}/{self.kv_heads} heads of {self.head_dim}"
         )
-        chosen = _choice(
-            name,
-            default=lambda: _best_time(lambda: sdpa(q, k, v, mask), q.device),
-            other=lambda: _best_time(lambda: products(q, k, v, mask), q.device),
-        )
-        return products if chosen else sdpa
+        return products if _choice(name, timings) else sdpa
 
     def _layer(self, layer: nn.Module, lora_dtype: torch.dtype | None) -> _Layer:
         attn, mlp = layer.self_attn, layer.mlp
@@ -359,18 +358,20 @@ CLEARLY_FASTER = 1.25
 dtype) must measure before it is chosen: timings of close options flip under load."""
 
 
-def _choice(name: str, *, default: Callable[[], float], other: Callable[[], float]) -> bool:
-    """Whether ``other`` is :data:`CLEARLY_FASTER` than ``default`` (seconds), asked once a machine.
+def _choice(name: str, timings: Callable[[], tuple[float, float]]) -> bool:
+    """Whether the loop's option is :data:`CLEARLY_FASTER` than the default, asked once a machine.
 
-    The answer is kept for the process and in the precision cache file
-    (:func:`~textgym_agents.model.precision.measured_choice`): numerics that differ by a
-    kernel change what a seeded run samples, so every run on a machine must choose alike.
+    ``timings()`` gives the seconds of (the default, the loop's option); it runs only where
+    the machine has not chosen yet. The answer is kept for the process and in the precision
+    cache file (:func:`~textgym_agents.model.precision.measured_choice`): numerics that differ
+    by a kernel change what a seeded run samples, so every run on a machine must choose alike.
     """
     from textgym_agents.model.loading import cache_dir
     from textgym_agents.model.precision import PRECISION_FILE, measured_choice
 
     def measure() -> str:
-        return "other" if default() > CLEARLY_FASTER * other() else "default"
+        default, other = timings()
+        return "other" if default > CLEARLY_FASTER * other else "default"
 
     return measured_choice(name, measure, cache_file=cache_dir() / PRECISION_FILE) == "other"
 

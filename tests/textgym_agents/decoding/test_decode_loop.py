@@ -66,7 +66,7 @@ def choices(monkeypatch, tmp_path):
 @pytest.mark.parametrize("ours", [False, True], ids=["torch-kernels", "loop-kernels"])
 def test_a_step_gives_the_logits_of_the_full_forward_pass(ours, monkeypatch):
     """With either choice of attention kernel and adapter dtype."""
-    monkeypatch.setattr(decode_loop, "_choice", lambda name, **timings: ours)
+    monkeypatch.setattr(decode_loop, "_choice", lambda name, timings: ours)
     model = gqa_policy().model
     ids = torch.randint(0, 64, (3, 9), generator=torch.Generator().manual_seed(0))
     mask = torch.ones_like(ids)
@@ -93,7 +93,7 @@ def test_a_step_follows_the_adapter_after_its_weights_change_and_when_disabled()
 
 @pytest.mark.parametrize("ours", [False, True], ids=["torch-kernels", "loop-kernels"])
 def test_a_bf16_step_under_mixed_precision_agrees_to_bf16_rounding(ours, monkeypatch):
-    monkeypatch.setattr(decode_loop, "_choice", lambda name, **timings: ours)
+    monkeypatch.setattr(decode_loop, "_choice", lambda name, timings: ours)
     model = gqa_policy(torch.bfloat16).model
     ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(0))
     step, full = steps_and_forward(model, ids, dtype=torch.bfloat16)
@@ -107,7 +107,7 @@ def test_a_bf16_step_under_mixed_precision_agrees_to_bf16_rounding(ours, monkeyp
 def test_the_loops_own_kernel_is_chosen_only_when_clearly_faster(default, other, chosen, choices):
     assert decode_loop.CLEARLY_FASTER == 1.25
     name = f"test {default} {other}"
-    assert decode_loop._choice(name, default=lambda: default, other=lambda: other) is chosen
+    assert decode_loop._choice(name, lambda: (default, other)) is chosen
 
 
 def test_kernel_choices_are_made_once_a_machine_and_every_decoder_follows_them(
