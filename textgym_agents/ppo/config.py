@@ -222,6 +222,19 @@ class PPOConfig:
     all_choices_window: int = _help(
         4096, "all_choices: the most recent turns whose returns-to-go estimate Q and V."
     )
+    choice_update: str = _help(
+        "clipped",
+        "all_choices: how a credited turn's replies are trained. 'clipped': PPO's clipped "
+        "surrogate in expectation over the replies (its gradient sum_a A(a) grad pi(a) "
+        "vanishes for replies the policy has all but ruled out). 'mirror': the replies' "
+        "log-probs are fitted to a policy mirror-descent step, pi_old(a) * exp(mirror_step * "
+        "A(a)) renormalised, so an unlikely reply moves as fast as a likely one.",
+    )
+    mirror_step: float = _help(
+        1.0,
+        "choice_update 'mirror': change of a reply's log-prob, relative to the turn's mean, "
+        "per unit of advantage in one update.",
+    )
     gamma: float = _help(1.0, "Discount between turns (GAE, and REINFORCE's returns-to-go).")
     lam: float = _help(0.95, "GAE lambda.")
     # --- advantage estimator (docs/estimators.md) ---------------------------------------------
@@ -336,7 +349,8 @@ class PPOConfig:
         for name in positive_ints:
             value = getattr(self, name)
             _check(self, name, _integer(value) and value >= 1, "an int >= 1")
-        for name in ["temperature", "learning_rate", "clip_range", "max_grad_norm", "kl_target"]:
+        positive = ["temperature", "learning_rate", "clip_range", "max_grad_norm", "kl_target"]
+        for name in [*positive, "mirror_step"]:
             value = getattr(self, name)
             _check(self, name, _number(value) and value > 0, "> 0")
         nonnegative = ["value_learning_rate", "weight_decay", "vf_coef", "ent_coef", "kl_coef"]
@@ -362,6 +376,13 @@ class PPOConfig:
                 "all_choices credits every valid reply, so it needs decoding='choices' or "
                 f"'auto' and rollout_engine='hf', got decoding={self.decoding!r}, "
                 f"rollout_engine={self.rollout_engine!r}"
+            )
+        updates = ("clipped", "mirror")
+        _check(self, "choice_update", self.choice_update in updates, f"one of {updates}")
+        if self.choice_update == "mirror" and not self.all_choices:
+            raise ValueError(
+                "choice_update='mirror' fits the log-probs of every reply of a credited turn, "
+                "so it needs all_choices=True"
             )
         _check(self, "top_p", _number(self.top_p) and 0 < self.top_p <= 1, "in (0, 1]")
         _check(self, "top_k", _integer(self.top_k) and self.top_k >= 0, "an int >= 0")

@@ -24,6 +24,7 @@ __all__ = [
     "masked_mean",
     "masked_var",
     "masked_whiten",
+    "mirror_descent_loss",
     "policy_loss",
     "selective_log_softmax",
     "value_loss",
@@ -234,6 +235,50 @@ def expected_policy_loss(
         clipped = torch.clamp(ratio, 1.0 - clip_range, 1.0 + clip_range)
         losses = torch.max(-advantage * ratio, -advantage * clipped)
         total = total.to(row.device) + (old.exp() * losses).sum()
+    return total
+
+
+def mirror_descent_loss(
+    logps: list[torch.Tensor],
+    old_logps: list[torch.Tensor],
+    advantages: list[torch.Tensor],
+    step: float,
+) -> torch.Tensor:
+    """Fit of each row's log-probs to a policy mirror-descent step, summed over the rows.
+
+    Mirror descent with the KL divergence (the natural policy gradient of a softmax policy)
+    moves a distribution over known replies to ``π_new(a) ∝ π_old(a) · exp(step · A(a))``:
+    every log-prob changes by ``step · A(a)`` up to a constant shared by the row. The loss is
+    half the mean over a row's replies of ``(d(a) - mean(d) - step · (A(a) - mean(A)))²`` with
+    ``d = log π - log π_old``, so its minimum is that policy and a constant added to a row's
+    advantages changes nothing. Its gradient in log-prob space does not shrink with ``π(a)``:
+    a reply the policy has all but ruled out moves as fast as a likely one, where the clipped
+    surrogate's gradient ``Σ_a A(a) ∇π(a)`` vanishes (approximate policy mirror descent with a
+    general parametrisation: Alfano, Yuan and Rebeschini 2023, arXiv:2301.13139).
+
+    Args:
+        logps: One ``(K,)`` tensor per row: log-probs of the row's replies (with grad).
+        old_logps: One ``(K,)`` tensor per row: the same under the rollout policy.
+        advantages: One ``(K,)`` tensor per row: the advantage of each reply.
+        step: Change of a log-prob (relative to the row's mean) per unit of advantage.
+
+    Returns:
+        The sum over rows (0 without rows).
+
+    Example:
+        >>> import torch
+        >>> old = torch.tensor([0.999, 0.001]).log()
+        >>> logps = old.clone().requires_grad_()
+        >>> loss = mirror_descent_loss([logps], [old], [torch.tensor([-1.0, 1.0])], step=1.0)
+        >>> torch.autograd.grad(loss, logps)[0]  # the unlikely reply is pulled up at full rate
+        tensor([ 0.5000, -0.5000])
+    """
+    total = torch.zeros(())
+    for row, old, advantage in zip(logps, old_logps, advantages, strict=True):
+        change = row - old
+        target = step * advantage.to(row.dtype)
+        error = (change - change.mean()) - (target - target.mean())
+        total = total.to(row.device) + 0.5 * error.square().mean()
     return total
 
 

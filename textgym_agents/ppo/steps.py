@@ -239,12 +239,16 @@ def micro_batch_loss(
         scores.logps, old, advantages, scores.mask, config.clip_range
     )
     if credited:
-        pg_loss = pg_loss + core.expected_policy_loss(
+        rows = (
             [scores.choice_logps[r] for r in credited],  # type: ignore[index]
             [turns[r].old_choice_logps.to(device) for r in credited],  # type: ignore[union-attr]
             [torch.tensor(turns[r].choice_advantages, device=device) for r in credited],
-            config.clip_range,
-        ) / scores.mask.sum().clamp(min=1)
+        )
+        if config.choice_update == "mirror":
+            choice_loss = core.mirror_descent_loss(*rows, config.mirror_step)
+        else:
+            choice_loss = core.expected_policy_loss(*rows, config.clip_range)
+        pg_loss = pg_loss + choice_loss / scores.mask.sum().clamp(min=1)
     ent = core.masked_mean(scores.entropy, scores.mask)
     token_share = float(scores.mask.sum()) / minibatch_tokens
     turn_share = len(turns) / minibatch_turns

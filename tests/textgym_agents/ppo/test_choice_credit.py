@@ -1,4 +1,4 @@
-"""Credit every valid reply (PPOConfig.all_choices): the returns table, the expected surrogate."""
+"""Credit every valid reply (PPOConfig.all_choices): the returns table, the choice losses."""
 
 import gymnasium as gym
 import pytest
@@ -60,6 +60,67 @@ def test_a_baseline_changes_nothing_when_every_reply_is_credited():
         loss = core.expected_policy_loss([logits.log_softmax(0)], [old], [advantages + shift], 0.2)
         gradients.append(torch.autograd.grad(loss, logits)[0])
     torch.testing.assert_close(*gradients)
+
+
+def test_mirror_descent_loss_is_minimised_by_the_mirror_descent_policy():
+    """Its minimum over a free distribution is π_old · exp(step · A), renormalised."""
+    old = torch.tensor(LOGITS, dtype=torch.float64).log_softmax(0)
+    advantages = torch.tensor(ADVANTAGES, dtype=torch.float64)
+    step = 0.7
+    target = (old + step * advantages).log_softmax(0)
+    assert core.mirror_descent_loss([target], [old], [advantages], step).item() < 1e-20
+    logits = old.clone().requires_grad_()
+    optimizer = torch.optim.SGD([logits], lr=2.0)
+    for _ in range(200):
+        optimizer.zero_grad()
+        core.mirror_descent_loss([logits.log_softmax(0)], [old], [advantages], step).backward()
+        optimizer.step()
+    torch.testing.assert_close(logits.detach().log_softmax(0), target)
+
+
+def test_mirror_descent_gradient_does_not_vanish_where_the_policy_is_saturated():
+    """In log-prob space the pull is step · (A - mean A) / K whatever π_old is."""
+    advantages = torch.tensor([-1.0, 1.0], dtype=torch.float64)
+    for probabilities in ([0.5, 0.5], [1 - 1e-9, 1e-9]):
+        old = torch.tensor(probabilities, dtype=torch.float64).log()
+        logps = old.clone().requires_grad_()
+        loss = core.mirror_descent_loss([logps], [old], [advantages], step=2.0)
+        (gradient,) = torch.autograd.grad(loss, logps)
+        torch.testing.assert_close(gradient, torch.tensor([1.0, -1.0], dtype=torch.float64))
+    # the clipped surrogate's pull on the same saturated logits is nil
+    logits = torch.tensor([0.0, -20.7], dtype=torch.float64, requires_grad=True)
+    old = logits.detach().log_softmax(0)
+    loss = core.expected_policy_loss([logits.log_softmax(0)], [old], [advantages], 0.2)
+    assert torch.autograd.grad(loss, logits)[0].abs().max().item() < 1e-8
+
+
+def test_mirror_descent_updates_leave_a_saturated_wrong_choice():
+    """A two-armed bandit, logits fitted for a few steps per update: the better arm takes over."""
+    logits = torch.tensor([0.0, -12.0], requires_grad=True)  # arm 1 (the better) at ~6e-6
+    advantages = torch.tensor([-0.5, 0.5])
+    optimizer = torch.optim.Adam([logits], lr=0.5)
+    for _update in range(10):
+        old = logits.detach().log_softmax(0)
+        for _ in range(5):
+            optimizer.zero_grad()
+            loss = core.mirror_descent_loss([logits.log_softmax(0)], [old], [advantages], 2.0)
+            loss.backward()
+            optimizer.step()
+    assert logits.softmax(0)[1].item() > 0.99
+
+
+def test_mirror_descent_loss_ignores_a_baseline_and_is_zero_without_advantages():
+    logits = torch.tensor(LOGITS, dtype=torch.float64, requires_grad=True)
+    old = logits.detach().log_softmax(0)
+    advantages = torch.tensor(ADVANTAGES, dtype=torch.float64)
+    gradients = []
+    for shift in (0.0, 5.0):
+        loss = core.mirror_descent_loss([logits.log_softmax(0)], [old], [advantages + shift], 1.0)
+        gradients.append(torch.autograd.grad(loss, logits)[0])
+    torch.testing.assert_close(*gradients)
+    zero = core.mirror_descent_loss([logits.log_softmax(0)], [old], [advantages * 0], 1.0)
+    assert zero.item() == 0.0
+    assert torch.autograd.grad(zero, logits)[0].abs().max().item() == 0.0
 
 
 def episode(anchor_replies, rewards):
@@ -159,16 +220,24 @@ def test_all_choices_needs_choice_decoding():
         PPOConfig(all_choices=True, decoding="choices", all_choices_window=0)
 
 
-def test_the_update_takes_the_expected_surrogate_of_credited_turns(monkeypatch):
+@pytest.mark.parametrize(
+    ("choice_update", "loss_name"),
+    [("clipped", "expected_policy_loss"), ("mirror", "mirror_descent_loss")],
+)
+def test_the_update_trains_credited_turns_with_the_chosen_loss(
+    monkeypatch, choice_update, loss_name
+):
     calls = []
-    original = core.expected_policy_loss
+    original = getattr(core, loss_name)
 
-    def spy(logps, old_logps, advantages, clip_range):
+    def spy(logps, old_logps, advantages, setting):
         calls.append([a.tolist() for a in advantages])
-        return original(logps, old_logps, advantages, clip_range)
+        return original(logps, old_logps, advantages, setting)
 
-    monkeypatch.setattr(core, "expected_policy_loss", spy)
-    policy = all_choices_policy(advantage_estimator="grpo", group_size=2, num_epochs=1)
+    monkeypatch.setattr(core, loss_name, spy)
+    policy = all_choices_policy(
+        advantage_estimator="grpo", group_size=2, num_epochs=1, choice_update=choice_update
+    )
     trainer = PPOTrainer(policy, gym.make_vec("textgym/Blackjack-v1", num_envs=4))
     buffer = trainer.collect()
     turns = buffer.turns()
@@ -179,6 +248,15 @@ def test_the_update_takes_the_expected_surrogate_of_credited_turns(monkeypatch):
     assert trained and len(trained) == len(nonzero)
     for got, want in zip(trained, nonzero, strict=True):
         assert got == pytest.approx(want)
+
+
+def test_the_mirror_update_needs_all_choices_and_a_positive_step():
+    with pytest.raises(ValueError, match="needs all_choices=True"):
+        PPOConfig(decoding="choices", choice_update="mirror")
+    with pytest.raises(ValueError, match="choice_update"):
+        PPOConfig(decoding="choices", all_choices=True, choice_update="natural")
+    with pytest.raises(ValueError, match="mirror_step"):
+        PPOConfig(decoding="choices", all_choices=True, choice_update="mirror", mirror_step=0)
 
 
 @pytest.mark.slow
