@@ -436,11 +436,19 @@ class PPOTrainer:
         With ``config.drop_zero_advantage`` and a critic-free estimator, turns whose advantage
         is exactly 0 carry no policy gradient: they are left out (their entropy term would
         otherwise act alone); else every turn is kept. A turn credited over all its choices
-        (``config.all_choices``) is kept while any choice's advantage is nonzero.
+        (``config.all_choices``) is kept while any choice's advantage is nonzero, and always
+        under ``choice_update="mirror"``: there the fit holds its log-probs where they were,
+        so weights shared with other turns do not drag the choice of an observation the run
+        has no comparison for yet.
         """
         if self.config.uses_critic or not self.config.drop_zero_advantage:
             return turns, order
-        keep = [i for i, turn in enumerate(turns) if _credited(turn)]
+        mirror = self.config.choice_update == "mirror"
+        keep = [
+            i
+            for i, turn in enumerate(turns)
+            if _credited(turn) or (mirror and turn.choice_advantages is not None)
+        ]
         if len(keep) == len(turns):
             return turns, order
         renumber = {old: new for new, old in enumerate(keep)}

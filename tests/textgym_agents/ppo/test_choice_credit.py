@@ -244,9 +244,12 @@ def test_the_update_trains_credited_turns_with_the_chosen_loss(
     trainer.update(buffer)
     credited = sorted(t.choice_advantages for t in turns if t.choice_advantages)
     trained = sorted(a for call in calls for a in call)
-    nonzero = sorted(a for a in credited if any(a))  # turns without any are left out
-    assert trained and len(trained) == len(nonzero)
-    for got, want in zip(trained, nonzero, strict=True):
+    # turns without any advantage are left out of the clipped surrogate; the mirror fit
+    # keeps them, holding their log-probs in place
+    kept = credited if choice_update == "mirror" else [a for a in credited if any(a)]
+    assert trained and len(trained) == len(kept)
+    assert len(kept) > len([a for a in credited if any(a)]) or choice_update == "clipped"
+    for got, want in zip(trained, sorted(kept), strict=True):
         assert got == pytest.approx(want)
 
 
