@@ -76,3 +76,43 @@ def test_gae_trains_on_every_turn():
     trainer = PPOTrainer(policy, gym.make_vec("textgym/Blackjack-v1", num_envs=4))
     metrics = trainer.update(trainer.collect())
     assert metrics["train/trained_turns"] == metrics["env/turns"] > 0
+
+
+def mirror_buffer(policy, plays):
+    """Single-turn Blackjack episodes: (anchor, reply index, reward) each, from one deal."""
+    env = gym.make("textgym/Blackjack-v1")
+    messages, _ = env.reset(seed=0)
+    generation = policy.generate([messages], choices=[reply_choices(env)])
+    buffer = RolloutBuffer()
+    for stream, (anchor, reply, reward) in enumerate(plays):
+        choice_ids = generation.choice_ids[0]
+        turn = Turn(
+            generation.prompt_ids[0],
+            choice_ids[reply],
+            reward,
+            terminated=True,
+            choice_ids=choice_ids,
+            group=stream // 2,
+            anchor=anchor,
+        )
+        turn.old_choice_logps = generation.choice_logps[0]
+        turn.old_logps = generation.choice_logps[0][reply : reply + 1]
+        buffer.add(stream, turn)
+    return buffer
+
+
+def test_mirror_updates_hold_turns_without_a_comparison_only_beside_turns_that_move():
+    settings = dict(advantage_estimator="grpo", group_size=2, ent_coef=0.5, all_choices=True)
+    policy = choice_policy(choice_update="mirror", **settings)
+    trainer = PPOTrainer(policy)
+    before = lora_weights(policy)
+    # every observation played with one reply: no comparison anywhere, nothing moves
+    metrics = trainer.update(mirror_buffer(policy, [("a", 0, 1.0), ("b", 0, 0.0)]))
+    assert metrics["train/trained_turns"] == 0
+    assert all(torch.equal(lora_weights(policy)[n], w) for n, w in before.items())
+    # "s" played with both replies: its turns move, and "c" is held beside them
+    plays = [("s", 0, 1.0), ("s", 1, -1.0), ("c", 0, 0.0), ("c", 0, 0.0)]
+    metrics = trainer.update(mirror_buffer(policy, plays))
+    assert metrics["train/trained_turns"] == 4
+    clipped = PPOTrainer(choice_policy(**settings))
+    assert clipped.update(mirror_buffer(policy, plays))["train/trained_turns"] == 2
