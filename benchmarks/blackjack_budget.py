@@ -5,11 +5,13 @@ hitting or sticking returns more, from returns of -1, 0 or +1. This script compu
 (infinite deck, Blackjack-v1's rules, ``sab``) for every state:
 
 - ``Q(s, hit)`` and ``Q(s, stick)`` with basic strategy (the optimal policy) afterwards, and the
-  standard deviation of each action's return;
+  standard deviation of each action's return (a learner that still plays worse afterwards
+  estimates its own, often closer, values);
 - how often a hand shows the state when both actions are played equally often (a learner that
   explores evenly; the chance of one visit per hand, as no state repeats within a hand);
-- the returns per action that tell the better action at two standard errors,
-  ``4 (σ_hit² + σ_stick²) / ΔQ²``, and the hands that take at that visit rate.
+- the returns per action that separate the two means by two standard errors,
+  ``4 (σ_hit² + σ_stick²) / ΔQ²`` (a rule of thumb, not a bound: fewer returns often point
+  the right way), and the hands that take at that visit rate.
 
 Then, for each hand budget, the exact return of the table that plays basic strategy in every state
 resolved within the budget and the fallback (``--fallback``: always stick, the embedded model's
@@ -85,6 +87,7 @@ class StateGap:
     visit: float  # chance that a hand shows the state (the explorer of state_gaps)
     hit: tuple[float, float]  # (mean, standard deviation) of the return after hitting
     stick: tuple[float, float]
+    hit_share: float = 0.5  # how often the explorer hits
 
     @property
     def gap(self) -> float:
@@ -100,7 +103,8 @@ class StateGap:
     @property
     def hands_needed(self) -> float:
         """Hands until each action has been played ``returns_needed`` times from the state."""
-        return 2 * self.returns_needed / self.visit if self.visit else float("inf")
+        rarer = min(self.hit_share, 1 - self.hit_share) * self.visit
+        return self.returns_needed / rarer if rarer else float("inf")
 
 
 def state_gaps(hit_share: float = 0.5) -> list[StateGap]:
@@ -148,6 +152,7 @@ def state_gaps(hit_share: float = 0.5) -> list[StateGap]:
                 p,
                 (hit_mean, max(hit_square - hit_mean**2, 0.0) ** 0.5),
                 (stick_mean, max(stick_square - stick_mean**2, 0.0) ** 0.5),
+                hit_share,
             )
         )
     return gaps

@@ -50,3 +50,12 @@ def test_a_budget_resolves_the_states_whose_gap_it_can_tell():
     # the hands needed grow as the gap shrinks, for states shown equally often
     tens = sorted((g for g in gaps if g.state[1] == 10 and not g.state[2]), key=lambda g: g.gap)
     assert tens[-1].hands_needed < tens[len(tens) // 2].hands_needed
+
+
+def test_hands_needed_follow_the_rarer_action():
+    even = {g.state: g for g in state_gaps(0.5)}
+    sticky = {g.state: g for g in state_gaps(0.2)}
+    five = (5, 10, False)  # only ever dealt (2 + 3), never reached by a hit
+    assert sticky[five].visit == pytest.approx(even[five].visit)
+    ratio = sticky[five].hands_needed / even[five].hands_needed
+    assert ratio == pytest.approx(0.5 / 0.2)

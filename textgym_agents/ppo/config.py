@@ -268,7 +268,8 @@ class PPOConfig:
         True,
         "Critic-free estimators: leave turns whose advantage is exactly 0 (every turn of a "
         "group whose returns are all equal, of an episode cut by the rollout) out of the "
-        "update; an update with none left takes no optimizer step, so the entropy bonus "
+        "update (choice_update 'mirror' keeps credited ones beside turns that move, fitted to "
+        "stay put); an update with none left takes no optimizer step, so the entropy bonus "
         "never acts alone. False trains on them too (their only gradient is the entropy's).",
     )
     # --- PPO update -------------------------------------------------------------------------

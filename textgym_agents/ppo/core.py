@@ -251,8 +251,10 @@ def mirror_descent_loss(
     every log-prob changes by ``step · A(a)`` up to a constant shared by the row. The loss is
     half the mean over a row's replies of ``(d(a) - mean(d) - step · (A(a) - mean(A)))²`` with
     ``d = log π - log π_old``, so its minimum is that policy and a constant added to a row's
-    advantages changes nothing. Its gradient in log-prob space does not shrink with ``π(a)``:
-    a reply the policy has all but ruled out moves as fast as a likely one, where the clipped
+    advantages changes nothing, and at ``π = π_old`` a row whose advantages are all equal gives
+    no gradient (later steps pull it back to ``π_old``). Its gradient in log-prob space does not
+    shrink with ``π(a)``: a reply the policy has all but ruled out moves as fast as a likely
+    one, where the clipped
     surrogate's gradient ``Σ_a A(a) ∇π(a)`` vanishes (approximate policy mirror descent with a
     general parametrisation: Alfano, Yuan and Rebeschini 2023, arXiv:2301.13139).
 
@@ -275,8 +277,9 @@ def mirror_descent_loss(
     """
     total = torch.zeros(())
     for row, old, advantage in zip(logps, old_logps, advantages, strict=True):
-        change = row - old
-        target = step * advantage.to(row.dtype)
+        dtype = torch.promote_types(row.dtype, torch.float32)  # never below float32
+        change = row.to(dtype) - old.to(dtype)
+        target = step * advantage.to(dtype)
         error = (change - change.mean()) - (target - target.mean())
         total = total.to(row.device) + 0.5 * error.square().mean()
     return total

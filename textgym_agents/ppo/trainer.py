@@ -437,14 +437,15 @@ class PPOTrainer:
         is exactly 0 carry no policy gradient: they are left out (their entropy term would
         otherwise act alone); else every turn is kept. A turn credited over all its choices
         (``config.all_choices``) is kept while any choice's advantage is nonzero, and always
-        under ``choice_update="mirror"`` while any turn has one: there the fit holds its
-        log-probs where they were, so weights shared with the turns that move do not drag the
-        choice of an observation the run has no comparison for yet.
+        under ``choice_update="mirror"`` while any turn of any process has one: there the fit
+        holds its log-probs where they were, so weights shared with the turns that move do not
+        drag the choice of an observation the run has no comparison for yet.
         """
         if self.config.uses_critic or not self.config.drop_zero_advantage:
             return turns, order
         credited = [_credited(turn) for turn in turns]
-        if self.config.choice_update == "mirror" and any(credited):
+        moving = self.config.choice_update == "mirror" and self.process.max([int(any(credited))])[0]
+        if moving:
             held = [turn.choice_advantages is not None for turn in turns]
             credited = [c or h for c, h in zip(credited, held, strict=True)]
         keep = [i for i, c in enumerate(credited) if c]
