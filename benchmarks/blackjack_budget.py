@@ -31,11 +31,11 @@ from functools import cache
 
 from textgym.envs.blackjack_exact import (
     CARDS,
-    _dealer_scores,
     basic_strategy,
     expected_return,
     hand_total,
     states,
+    stick_outcomes,
 )
 
 State = tuple[int, int, bool]
@@ -49,11 +49,7 @@ def _stick_moments(total: int, dealer: int, natural_hand: bool) -> tuple[float, 
     """(mean, mean square) of sticking on ``total`` against ``dealer``, over the hidden card."""
     mean = square = 0.0
     for hidden, p in CARDS.items():
-        if natural_hand and {dealer, hidden} != {1, 10}:
-            mean, square = mean + p, square + p  # Blackjack-v1 with sab: a natural wins
-            continue
-        for score, q in _dealer_scores(dealer + hidden, 1 in (dealer, hidden)).items():
-            outcome = (total > score) - (total < score)
+        for outcome, q in stick_outcomes(total, dealer, hidden, natural_hand).items():
             mean, square = mean + p * q * outcome, square + p * q * outcome * outcome
     return mean, square
 

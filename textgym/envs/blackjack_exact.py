@@ -21,7 +21,7 @@ import itertools
 from collections.abc import Callable, Iterator
 from functools import cache
 
-__all__ = ["basic_strategy", "expected_return", "hand_total", "states"]
+__all__ = ["basic_strategy", "expected_return", "hand_total", "states", "stick_outcomes"]
 
 CARDS = {**{rank: 1 / 13 for rank in range(1, 10)}, 10: 4 / 13}
 
@@ -54,6 +54,40 @@ def _dealer_scores(raw: int, has_ace: bool) -> dict[int, float]:
         for score, q in _dealer_scores(raw + card, has_ace or card == 1).items():
             scores[score] = scores.get(score, 0.0) + p * q
     return scores
+
+
+def stick_outcomes(
+    total: int,
+    dealer: int,
+    hidden: int,
+    natural_hand: bool,
+    *,
+    sab: bool = True,
+    natural: bool = False,
+) -> dict[float, float]:
+    """Probability of each return of sticking on ``total`` against ``dealer`` and ``hidden``.
+
+    Args:
+        total: The player's total.
+        dealer: The dealer's shown card (1 for an ace).
+        hidden: The dealer's hidden card.
+        natural_hand: The player's hand is a natural (an ace and a ten-card, as dealt).
+        sab: Blackjack-v1's ``sab``: a natural wins unless the dealer has one too.
+        natural: Blackjack-v1's ``natural`` (without ``sab``): a winning natural pays 1.5.
+
+    Example:
+        >>> stick_outcomes(20, 10, 10, False)  # the dealer stands on 20: a push
+        {0: 1.0}
+    """
+    if natural_hand and sab and {dealer, hidden} != {1, 10}:
+        return {1.0: 1.0}
+    outcomes: dict[float, float] = {}
+    for score, q in _dealer_scores(dealer + hidden, 1 in (dealer, hidden)).items():
+        outcome = (total > score) - (total < score)
+        if natural_hand and not sab and natural:  # a win pays 1.5, a push stays 0
+            outcome = 1.5 * (score < 21)
+        outcomes[outcome] = outcomes.get(outcome, 0.0) + q
+    return outcomes
 
 
 def basic_strategy(total: int, dealer: int, usable_ace: bool) -> str:
@@ -92,12 +126,8 @@ def expected_return(decide: Decide, *, sab: bool = True, natural: bool = False) 
     p_hit = {state: _hit_probability(decide(*state)) for state in states()}
 
     def stick(total: int, dealer: int, hidden: int, natural_hand: bool) -> float:
-        scores = _dealer_scores(dealer + hidden, 1 in (dealer, hidden))
-        if natural_hand and sab and {dealer, hidden} != {1, 10}:
-            return 1.0  # Sutton & Barto: a natural wins outright
-        if natural_hand and not sab and natural:  # a win pays 1.5, a push stays 0
-            return 1.5 * sum(q for s, q in scores.items() if s < 21)
-        return sum(q * ((total > s) - (total < s)) for s, q in scores.items())
+        outcomes = stick_outcomes(total, dealer, hidden, natural_hand, sab=sab, natural=natural)
+        return sum(outcome * q for outcome, q in outcomes.items())
 
     @cache
     def play(raw: int, has_ace: bool, dealer: int, hidden: int, natural_hand: bool) -> float:

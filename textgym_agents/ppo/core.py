@@ -254,9 +254,9 @@ def mirror_descent_loss(
     advantages changes nothing, and at ``π = π_old`` a row whose advantages are all equal gives
     no gradient (later steps pull it back to ``π_old``). Its gradient in log-prob space does not
     shrink with ``π(a)``: a reply the policy has all but ruled out moves as fast as a likely
-    one, where the clipped
-    surrogate's gradient ``Σ_a A(a) ∇π(a)`` vanishes (approximate policy mirror descent with a
-    general parametrisation: Alfano, Yuan and Rebeschini 2023, arXiv:2301.13139).
+    one, where the clipped surrogate's gradient ``Σ_a A(a) ∇π(a)`` vanishes (approximate
+    policy mirror descent with a general parametrisation: Alfano, Yuan and Rebeschini 2023,
+    arXiv:2301.13139).
 
     Args:
         logps: One ``(K,)`` tensor per row: log-probs of the row's replies (with grad).
