@@ -297,7 +297,12 @@ class PPOConfig:
         "micro_batch_size turns per pass whatever their length.",
     )
     clip_range: float = _help(0.2, "PPO ratio clipping epsilon.")
-    clip_range_value: float | None = _help(0.2, "Value clipping around old values (None: off).")
+    clip_range_value: float | None = _help(
+        0.2,
+        "Value clipping around old values, in the returns' units (None: off): the value loss "
+        "stops pulling a prediction further than this from the rollout's, so with returns far "
+        "beyond +-1 (CliffWalking's -20 to -100) the critic needs many updates to reach them.",
+    )
     vf_coef: float = _help(0.5, "Weight of the value loss.")
     ent_coef: float = _help(
         0.0, "Weight of the entropy bonus (with entropy_target: its starting weight)."
