@@ -301,7 +301,8 @@ class PPOConfig:
         0.2,
         "Value clipping around old values, in the returns' units (None: off): the value loss "
         "stops pulling a prediction further than this from the rollout's, so with returns far "
-        "beyond +-1 (CliffWalking's -20 to -100) the critic needs many updates to reach them.",
+        "beyond +-1 (CliffWalking: -1 a move, -100 a fall) the critic needs many updates to "
+        "reach them.",
     )
     vf_coef: float = _help(0.5, "Weight of the value loss.")
     ent_coef: float = _help(
