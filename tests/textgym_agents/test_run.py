@@ -82,7 +82,8 @@ def test_checkpoint_is_loadable_as_a_policy(tmp_path):
 
 
 # The novelty bonus's visit counts are part of the run's state: FrozenLake revisits states;
-# so is the entropy bonus's weight when an entropy target steers it.
+# so are the entropy bonus's weight when an entropy target steers it, and self-imitation's
+# kept turns.
 RESUMED_RUNS = {
     "plain": ({}, envs),
     "entropy target": ({"decoding": "choices", "ent_coef": 0.1, "entropy_target": 2.0}, envs),
@@ -90,6 +91,8 @@ RESUMED_RUNS = {
         {"novelty_bonus": 0.2, "decoding": "choices"},
         lambda: gym.make_vec("textgym/FrozenLake-v1", num_envs=4, max_episode_steps=6),
     ),
+    # Self-imitation's kept turns (won hands) and its draws from them.
+    "self imitation": ({"self_imitation": 4, "decoding": "choices"}, envs),
 }
 
 
@@ -117,6 +120,9 @@ def test_resume_continues_the_same_run(tmp_path, name):
     assert lines[-1]["env/episodes"] >= 12
     assert steps[done] == done + 1  # the resumed run picked up the update count
     assert updates >= 1
+    if settings.get("self_imitation"):  # the replay took part after the resume point
+        later = read_metrics(tmp_path / "straight")[done:]
+        assert any(line["train/replayed_turns"] for line in later)
     # Resumed from its checkpoint, the run is the straight run: same updates, same numbers.
     straight_lines = read_metrics(tmp_path / "straight")
     assert len(lines) == len(straight_lines) == updates > done

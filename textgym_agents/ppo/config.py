@@ -272,6 +272,18 @@ class PPOConfig:
         "stay put); an update with none left takes no optimizer step, so the entropy bonus "
         "never acts alone. False trains on them too (their only gradient is the entropy's).",
     )
+    self_imitation: int = _help(
+        0,
+        "GAE: turns of past episodes replayed per update (self-imitation; 0: off). Every turn "
+        "of a finished episode whose return-to-go R beat the critic's value V when played is "
+        "kept (the last self_imitation_capacity), and each update trains on this many of "
+        "them drawn at random beside the rollout's, with advantage max(R - V, 0) under the "
+        "critic now (scaled as the batch's advantages are whitened); the value loss only "
+        "raises V towards R. For rare successes a run would otherwise lose.",
+    )
+    self_imitation_capacity: int = _help(
+        512, "self_imitation: the most recent better-than-expected turns kept for replay."
+    )
     # --- PPO update -------------------------------------------------------------------------
     learning_rate: float = _help(2e-4, "AdamW learning rate of the LoRA weights.")
     value_learning_rate: float = _help(1e-3, "AdamW learning rate of the value head.")
@@ -352,6 +364,7 @@ class PPOConfig:
                 _check(self, spec.name, isinstance(getattr(self, spec.name), bool), "a bool")
         positive_ints = ["max_new_tokens", "num_steps", "num_epochs", "minibatch_size"]
         positive_ints += ["group_size", "max_episode_turns", "all_choices_window"]
+        positive_ints.append("self_imitation_capacity")
         positive_ints += ["micro_batch_size", "kl_horizon", "keep_checkpoints", "choice_batch_size"]
         for name in positive_ints:
             value = getattr(self, name)
@@ -362,6 +375,14 @@ class PPOConfig:
             _check(self, name, _number(value) and value > 0, "> 0")
         nonnegative = ["value_learning_rate", "weight_decay", "vf_coef", "ent_coef", "kl_coef"]
         nonnegative.append("novelty_bonus")
+        ok = _integer(self.self_imitation) and self.self_imitation >= 0
+        _check(self, "self_imitation", ok, "an int >= 0")
+        if self.self_imitation and not self.uses_critic:
+            raise ValueError(
+                f"self_imitation={self.self_imitation} replays turns with advantage "
+                "max(R - V, 0) under the critic, so it needs advantage_estimator='gae', got "
+                f"{self.advantage_estimator!r}"
+            )
         for name in [*nonnegative, "step_advantage_weight"]:
             value = getattr(self, name)
             _check(self, name, _number(value) and value >= 0, ">= 0")
@@ -458,8 +479,8 @@ class PPOConfig:
         text from ``{"`` to ``}`` (:func:`~textgym_agents.ppo.defaults.env_defaults`); then, for
         a registered env with a measured recipe, its settings
         (:data:`~textgym_agents.ppo.defaults.ENV_RECIPES`: Blackjack's GiGPO, the
-        calculator's learning rate). Every key of ``settings`` wins over them. A recipe whose
-        groups do not fit the envs is left out, with a warning.
+        calculator's learning rate and self-imitation). Every key of ``settings`` wins over
+        them. A recipe whose groups do not fit the envs is left out, with a warning.
 
         Args:
             env: A text env, a text vector env, or a registered env id.

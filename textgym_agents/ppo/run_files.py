@@ -98,6 +98,8 @@ def write_checkpoint(
         state["visit_counts"] = trainer.novelty.state()
     if trainer.choice_returns is not None:
         state["choice_returns"] = trainer.choice_returns.state()
+    if trainer.replay is not None:
+        state["self_imitation"] = trainer.replay.state()
     json_files = {"trainer_state": state, "optimizer": optimizer_meta, "rng": rng_meta}
     tensors = {"optimizer": optimizer_tensors, "rng": rng_tensors}
     if boundary["envs"] is not None:
@@ -151,6 +153,8 @@ def restore_checkpoint(trainer: PPOTrainer, process: Distributed, path: str | Pa
         trainer.novelty.load_state(state.get("visit_counts", []))
     if trainer.choice_returns is not None:
         trainer.choice_returns.load_state(state.get("choice_returns", []))
+    if trainer.replay is not None:
+        trainer.replay.load_state(state.get("self_imitation", {}))
     rank = process.rank
     own = {"rng": files["rng"], "numpy_rng": state["numpy_rng"], "envs": files.get("envs")}
     if rank:

@@ -39,6 +39,7 @@ from textgym_agents.ppo.estimators import assign_critic_free
 from textgym_agents.ppo.novelty import VisitCounts
 from textgym_agents.ppo.rollout import as_vector_env, cap_episode_turns
 from textgym_agents.ppo.run import TrainingRun
+from textgym_agents.ppo.self_imitation import SuccessReplay
 from textgym_agents.ppo.steps import (
     STEP_STATS,
     VALUE_STATS,
@@ -151,6 +152,11 @@ class PPOTrainer:
         self.choice_returns = (
             ChoiceReturns(config.all_choices_window) if config.all_choices else None
         )
+        # Self-imitation's kept turns (config.self_imitation), kept by checkpoints too.
+        self.replay = (
+            SuccessReplay(config.self_imitation_capacity) if config.self_imitation else None
+        )
+        self.advantage_scale = 1.0  # what whitening divided the last batch's advantages by
         self.rng = np.random.default_rng(process.seed(config.seed))
         # Sampling draws from torch's global generator: seeded here, as TRL's and SB3's
         # trainers do, so collect()/update() loops with one seed sample the same replies.
@@ -228,6 +234,8 @@ class PPOTrainer:
             self.score(turns, order, leave_first=leave_first)
             self.compute_advantages(buffer)
             trained, order = self._informative(turns, order)
+            if self.replay is not None:
+                trained, order = self._with_replay(buffer, trained, order)
         else:  # critic-free without a KL penalty: advantages from rewards alone, then score
             self.compute_advantages(buffer)
             trained, order = self._informative(turns, order)
@@ -238,6 +246,8 @@ class PPOTrainer:
         release_memory()  # the update's activations, freed between live blocks (memory.py)
         update_s = time.perf_counter() - start
         stats["train/trained_turns"] = self.process.sum([len(trained)])[0]
+        if self.replay is not None:
+            stats["train/replayed_turns"] = self.process.sum([len(trained) - len(turns)])[0]
         if self.novelty is not None:
             stats["train/novelty_bonus"] = float(np.mean([t.bonus for t in turns]))
         metrics = self._update_metrics(turns, episodes or [], stats, score_s, update_s)
@@ -354,12 +364,15 @@ class PPOTrainer:
         kl_estimator = config.kl_estimator if self._uses_kl else None
         buffer.compute_advantages(beta, config.gamma, config.lam, kl_estimator)
         all_turns = buffer.turns()
+        self.advantage_scale = 1.0
         if not config.whiten_advantages:
             return
         # Whitened over every process's turns, as one process would over the whole batch.
         advantages, start = self.process.gather(torch.tensor([t.advantage for t in all_turns]))
         if len(advantages) > 1:
-            whitened = core.masked_whiten(advantages, torch.ones_like(advantages))
+            ones = torch.ones_like(advantages)
+            self.advantage_scale = float(torch.sqrt(core.masked_var(advantages, ones) + 1e-8))
+            whitened = core.masked_whiten(advantages, ones)
             mine = whitened[start : start + len(all_turns)]
             for turn, advantage in zip(all_turns, mine.tolist(), strict=True):
                 turn.advantage = advantage
@@ -454,6 +467,32 @@ class PPOTrainer:
         renumber = {old: new for new, old in enumerate(keep)}
         kept_order = np.array([renumber[i] for i in order.tolist() if i in renumber], dtype=int)
         return [turns[i] for i in keep], kept_order
+
+    def _with_replay(
+        self, buffer: RolloutBuffer, trained: list[Turn], order: np.ndarray
+    ) -> tuple[list[Turn], np.ndarray]:
+        """``trained`` and ``order`` with self-imitation's replayed turns after them.
+
+        Draws ``config.self_imitation`` kept turns (kept before this rollout's: those train
+        on-policy now), scores them at the current weights and keeps those whose return R
+        beats the critic's value V now, with advantage ``(R - V) / advantage_scale`` and
+        ``returns = R``; then keeps this rollout's better-than-expected turns for later updates.
+        The replayed turns come last in the first epoch's order: turns :meth:`score` left to the
+        first pass (``score_in_update``) still get their old log-probs there, at the rollout's
+        weights.
+        """
+        config = self.config
+        replayed = self.replay.sample(config.self_imitation, self.rng)
+        self.replay.add(buffer.episodes(), config.gamma)
+        if replayed:
+            self.score(replayed, np.arange(len(replayed)))
+            replayed = [t for t in replayed if t.returns > t.value]
+        for turn in replayed:
+            turn.advantage = (turn.returns - turn.value) / self.advantage_scale
+        if not replayed:
+            return trained, order
+        extra = np.arange(len(trained), len(trained) + len(replayed))
+        return trained + replayed, np.concatenate([order, extra])
 
     def _sample_episodes(self, buffer: RolloutBuffer) -> list[dict[str, Any]]:
         """``config.sample_episodes`` of the buffer's episodes, where a run directory is written.

@@ -293,7 +293,7 @@ def test_the_default_run_is_the_calculator_recipe_each_env_gets_its_own_and_flag
     config = default.config
     assert (config.decoding, config.reply_prefix, config.stop_strings) == ("free", '{"', ["}"])
     assert (config.temperature, config.max_new_tokens, config.kl_coef) == (0.7, 40, 0.0)
-    assert config.learning_rate == 5e-4  # the calculator's recipe
+    assert (config.learning_rate, config.self_imitation) == (5e-4, 16)  # the calculator's recipe
     told = plan("--episodes", "5", "--num-envs", "2", "--temperature", "1.0", "--learning-rate",
                 "1e-4")  # fmt: skip
     assert (told.episodes, told.num_envs, told.config.temperature) == (5, 2, 1.0)

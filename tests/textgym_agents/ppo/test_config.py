@@ -86,6 +86,10 @@ def test_for_env_is_the_cli_default_and_settings_win():
     assert free.decoding == "free" and free.reply_prefix == '{"' and free.stop_strings == ["}"]
     assert free.temperature == JSON_REPLY_DEFAULTS["temperature"] and free.micro_batch_tokens == 512
     assert free.learning_rate == ENV_RECIPES["textgym/Calculator-v0"]["learning_rate"] == 5e-4
+    assert free.self_imitation == ENV_RECIPES["textgym/Calculator-v0"]["self_imitation"] == 16
+    # Self-imitation needs the critic: a critic-free estimator leaves it out, not an error.
+    grpo = PPOConfig.for_env("textgym/Calculator-v0", advantage_estimator="grpo", group_size=4)
+    assert grpo.self_imitation == 0 and grpo.learning_rate == 5e-4
     assert PPOConfig.for_env("textgym/Calculator-v0", learning_rate=1e-4).learning_rate == 1e-4
     assert PPOConfig.for_env("textgym/Calculator-v0", decoding="constrained").stop_strings == []
     with pytest.raises(ValueError, match="did you mean 'learning_rate'"):
