@@ -274,12 +274,13 @@ class PPOConfig:
     )
     self_imitation: int = _help(
         0,
-        "GAE: turns of past episodes replayed per update (self-imitation; 0: off). Every turn "
-        "of a finished episode whose return-to-go R beat the critic's value V when played is "
-        "kept (the last self_imitation_capacity), and each update trains on this many of "
-        "them drawn at random beside the rollout's, with advantage max(R - V, 0) under the "
-        "critic now (scaled as the batch's advantages are whitened); the value loss only "
-        "raises V towards R. For rare successes a run would otherwise lose.",
+        "GAE: turns of past episodes drawn for replay per update (self-imitation; 0: off). "
+        "Every turn of a finished episode whose return-to-go R beat the critic's value V when "
+        "played is kept (the last self_imitation_capacity; a poor outcome too, where the critic "
+        "expected worse), and each update draws this many at random and trains on those whose "
+        "R still beats the critic's value now, beside the rollout's turns, with advantage "
+        "R - V (scaled as the batch's advantages are whitened) and a value target of R. For "
+        "rare successes a run would otherwise lose.",
     )
     self_imitation_capacity: int = _help(
         512, "self_imitation: the most recent better-than-expected turns kept for replay."

@@ -4,12 +4,13 @@ At this budget a run samples the rare correct reply of a question form a few tim
 then lose it while other forms move the shared weights (the calculator: three runs in ten lost
 the square roots the base model solved). With ``PPOConfig.self_imitation`` = k, every turn of
 a finished episode whose return-to-go R beat the critic's value V of its prompt when it was
-played is kept (the most recent ``self_imitation_capacity``), and each update trains on k of
-them drawn at random beside the rollout's turns, with advantage ``max(R - V, 0)`` under the
-critic *now*: a reply the policy already expects to do that well gets no push, and the value
-loss only raises V towards R where R is higher (Self-Imitation Learning, Oh et al. 2018,
-arXiv 1806.05635). The replayed turns are scored at the current weights, so their PPO ratio
-starts at 1 and each update moves them at most as far as the clip range lets it.
+played is kept (the most recent ``self_imitation_capacity``; a poor outcome counts too where
+the critic expected worse), and each update draws k of them at random and trains on those
+whose R still beats the critic's value *now*, beside the rollout's turns, with advantage
+``R - V``: a reply the policy already expects to do that well gets no push (Self-Imitation
+Learning, Oh et al. 2018, arXiv 1806.05635). The replayed turns are scored at the current
+weights, so their PPO ratio starts at 1 (up to rounding) and the clip stops pushing a reply
+once its ratio passes ``1 + clip_range`` in an update.
 """
 
 from __future__ import annotations
@@ -24,7 +25,11 @@ import numpy as np
 from textgym_agents.ppo.buffer import Turn
 from textgym_agents.ppo.estimators import returns_to_go
 
-__all__ = ["SuccessReplay"]
+__all__ = ["SCALE_FLOOR", "SelfImitationReplay"]
+
+SCALE_FLOOR = 0.1
+"""Least scale (in return units) replayed advantages are divided by: where a batch's advantages
+are nearly equal, the scale its whitening divides by nears 0 and would multiply them unbounded."""
 
 
 @dataclass(frozen=True)
@@ -35,11 +40,11 @@ class _Kept:
     ret: float
 
 
-class SuccessReplay:
-    """The run's turns that returned more than their value; draws replay turns from them.
+class SelfImitationReplay:
+    """The run's turns that returned more than their value; draws turns to replay from them.
 
     Example:
-        >>> replay = SuccessReplay(capacity=4)
+        >>> replay = SelfImitationReplay(capacity=4)
         >>> won = [Turn([1], [2], 0.0), Turn([1, 2], [3], 1.0, terminated=True)]
         >>> lost = [Turn([1], [4], -1.0, terminated=True)]
         >>> for turn in won + lost:

@@ -39,7 +39,7 @@ from textgym_agents.ppo.estimators import assign_critic_free
 from textgym_agents.ppo.novelty import VisitCounts
 from textgym_agents.ppo.rollout import as_vector_env, cap_episode_turns
 from textgym_agents.ppo.run import TrainingRun
-from textgym_agents.ppo.self_imitation import SuccessReplay
+from textgym_agents.ppo.self_imitation import SCALE_FLOOR, SelfImitationReplay
 from textgym_agents.ppo.steps import (
     STEP_STATS,
     VALUE_STATS,
@@ -154,7 +154,7 @@ class PPOTrainer:
         )
         # Self-imitation's kept turns (config.self_imitation), kept by checkpoints too.
         self.replay = (
-            SuccessReplay(config.self_imitation_capacity) if config.self_imitation else None
+            SelfImitationReplay(config.self_imitation_capacity) if config.self_imitation else None
         )
         self.advantage_scale = 1.0  # what whitening divided the last batch's advantages by
         self.rng = np.random.default_rng(process.seed(config.seed))
@@ -475,8 +475,11 @@ class PPOTrainer:
 
         Draws ``config.self_imitation`` kept turns (kept before this rollout's: those train
         on-policy now), scores them at the current weights and keeps those whose return R
-        beats the critic's value V now, with advantage ``(R - V) / advantage_scale`` and
-        ``returns = R``; then keeps this rollout's better-than-expected turns for later updates.
+        beats the critic's value V now, with advantage ``(R - V) / scale`` and ``returns = R``
+        (``scale``: what whitening divided the batch's advantages by, at least
+        :data:`~textgym_agents.ppo.self_imitation.SCALE_FLOOR`, so a batch whose advantages
+        hardly differ does not blow the replayed ones up); then keeps this rollout's
+        better-than-expected turns for later updates.
         The replayed turns come last in the first epoch's order: turns :meth:`score` left to the
         first pass (``score_in_update``) still get their old log-probs there, at the rollout's
         weights.
@@ -487,8 +490,9 @@ class PPOTrainer:
         if replayed:
             self.score(replayed, np.arange(len(replayed)))
             replayed = [t for t in replayed if t.returns > t.value]
+        scale = max(self.advantage_scale, SCALE_FLOOR)
         for turn in replayed:
-            turn.advantage = (turn.returns - turn.value) / self.advantage_scale
+            turn.advantage = (turn.returns - turn.value) / scale
         if not replayed:
             return trained, order
         extra = np.arange(len(trained), len(trained) + len(replayed))

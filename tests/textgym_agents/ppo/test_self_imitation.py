@@ -9,7 +9,8 @@ import torch
 
 import textgym  # noqa: F401
 from textgym_agents import PPOConfig, PPOPolicy, PPOTrainer, RolloutBuffer, Turn
-from textgym_agents.ppo.self_imitation import SuccessReplay
+from textgym_agents.ppo import core
+from textgym_agents.ppo.self_imitation import SCALE_FLOOR, SelfImitationReplay
 from textgym_agents.testing import tiny_model
 
 
@@ -23,7 +24,7 @@ def episode(rewards, values, end="terminated", reply=2):
 
 
 def test_keeps_only_finished_turns_whose_return_beat_their_value():
-    replay = SuccessReplay(capacity=10)
+    replay = SelfImitationReplay(capacity=10)
     won = episode([0.0, 1.0], [0.5, 0.9])  # returns 1, 1: both beat their values
     lost = episode([0.0, 0.2], [0.5, 0.1])  # returns 0.2, 0.2: only the last beats 0.1
     cut = episode([0.0, 1.0], [0.0, 0.0], end="truncated")  # return unknown: skipped
@@ -34,18 +35,18 @@ def test_keeps_only_finished_turns_whose_return_beat_their_value():
 
 
 def test_returns_are_discounted_and_the_oldest_turns_leave_first():
-    replay = SuccessReplay(capacity=2)
+    replay = SelfImitationReplay(capacity=2)
     replay.add([episode([0.0, 0.0, 1.0], [0.0, 0.0, 0.0])], gamma=0.5)
     assert [k.ret for k in replay.kept] == [0.5, 1.0]  # the first turn's 0.25 was pushed out
 
 
 def test_sample_draws_distinct_fresh_turns_and_the_state_round_trips():
-    replay = SuccessReplay(capacity=8)
+    replay = SelfImitationReplay(capacity=8)
     replay.add([episode([0.0, 0.0, 1.0], [0.0, 0.0, 0.0])], gamma=1.0)
     drawn = replay.sample(5, np.random.default_rng(0))
     assert sorted(t.prompt_ids[1] for t in drawn) == [5, 6, 7]
     assert all(t.value is None and t.old_logps is None and t.returns == 1.0 for t in drawn)
-    restored = SuccessReplay(capacity=8)
+    restored = SelfImitationReplay(capacity=8)
     restored.load_state(json.loads(json.dumps(replay.state())))
     assert restored.kept == replay.kept
     assert replay.sample(0, np.random.default_rng(0)) == []
@@ -90,6 +91,9 @@ def test_replayed_turns_get_the_positive_part_of_their_return_over_the_value_now
     order = np.arange(len(turns))
     trainer.score(turns, order)
     trainer.compute_advantages(buffer)
+    # The scale the batch was whitened by, from its raw advantages (before whitening).
+    raw = torch.tensor([t.returns - t.value for t in turns])
+    scale = max(float(core.masked_var(raw, torch.ones_like(raw)).sqrt()), SCALE_FLOOR)
     trainer.replay.kept.clear()
     trainer.replay.add([episode([1.0], [0.0], reply=7), episode([0.1], [0.0], reply=8)], 1.0)
     trained, new_order = trainer._with_replay(buffer, turns, order)
@@ -98,7 +102,7 @@ def test_replayed_turns_get_the_positive_part_of_their_return_over_the_value_now
     assert [t.response_ids for t in replayed] == [[7]]
     (turn,) = replayed
     assert turn.value < 1.0 and turn.old_logps is not None
-    assert turn.advantage == pytest.approx((1.0 - turn.value) / trainer.advantage_scale)
+    assert turn.advantage == pytest.approx((1.0 - turn.value) / scale, rel=1e-4)
     assert new_order.tolist() == [*order.tolist(), len(turns)]
     # This rollout's better-than-expected turns are kept for later updates.
     assert len(trainer.replay) > 2
@@ -121,6 +125,18 @@ def test_update_reports_replayed_turns_and_raises_a_kept_reply():
     assert metrics["train/replayed_turns"] == 1
     assert metrics["train/trained_turns"] == 4 + 1
     assert with_replay > without + 1e-3
+
+
+def test_a_batch_without_spread_does_not_blow_up_replayed_advantages():
+    trainer = trainer_with(0.0)
+    buffer = rollout(rewards=(0.0, 0.0))  # every return 0, every value 0: whitening scale ~0
+    turns = buffer.turns()
+    trainer.score(turns, np.arange(len(turns)))
+    trainer.compute_advantages(buffer)
+    assert trainer.advantage_scale < 1e-3
+    trainer.replay.add([episode([1.0], [0.0], reply=9)], 1.0)
+    trained, _ = trainer._with_replay(buffer, turns, np.arange(len(turns)))
+    assert trained[-1].advantage == pytest.approx((1.0 - trained[-1].value) / SCALE_FLOOR)
 
 
 def test_training_from_envs_with_self_imitation_runs():
