@@ -97,10 +97,7 @@ class SelfImitationReplay:
 
     def state(self) -> dict[str, Any]:
         """The kept turns, for a checkpoint (JSON)."""
-        return {
-            "capacity": self.kept.maxlen,
-            "turns": [[k.prompt_ids, k.response_ids, k.choice_ids, k.ret] for k in self.kept],
-        }
+        return {"turns": [[k.prompt_ids, k.response_ids, k.choice_ids, k.ret] for k in self.kept]}
 
     def load_state(self, state: dict[str, Any]) -> None:
         """Continue from :meth:`state` (the capacity stays this replay's own)."""
