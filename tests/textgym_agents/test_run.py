@@ -93,6 +93,16 @@ RESUMED_RUNS = {
     ),
     # Self-imitation's kept turns (won hands) and its draws from them.
     "self imitation": ({"self_imitation": 4, "decoding": "choices"}, envs),
+    # Without a critic, also the returns per observation its values come from.
+    "self imitation, no critic": (
+        {
+            "self_imitation": 4,
+            "decoding": "choices",
+            "advantage_estimator": "gigpo",
+            "group_size": 2,
+        },
+        envs,
+    ),
 }
 
 

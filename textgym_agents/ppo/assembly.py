@@ -36,7 +36,8 @@ def make_collector(
     seed = process.seed(config.seed, stride)
     if config.group_size > 1:
         return GroupRolloutCollector(envs, seed, config.group_size, anchor_key=anchor_key)
-    if config.novelty_bonus > 0 or config.all_choices:  # they need each turn's anchor
+    critic_free_replay = config.self_imitation and not config.uses_critic
+    if config.novelty_bonus > 0 or config.all_choices or critic_free_replay:  # need anchors
         return RolloutCollector(envs, seed, anchor_key=anchor_key or default_anchor)
     return RolloutCollector(envs, seed)
 

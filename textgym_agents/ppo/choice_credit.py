@@ -67,12 +67,36 @@ class ChoiceReturns:
         while len(self.entries) > self.window:
             self._add(*self.entries.popleft(), sign=-1)
 
+    def value(self, anchor: Hashable) -> float | None:
+        """``V(s)``: the mean return-to-go from ``anchor`` in the window (None if not in it)."""
+        state = self._state_sums.get(anchor)
+        return None if state is None else state[0] / state[1]
+
+    def record_episodes(
+        self, episodes: Sequence[Sequence[Turn]], gamma: float, *, choices_only: bool = False
+    ) -> list[Turn]:
+        """Record every turn with an anchor of the finished episodes; return the turns recorded.
+
+        A turn's return-to-go is of ``reward + bonus`` with discount ``gamma``; an unfinished
+        episode (cut by the rollout) has no return yet and is skipped. With ``choices_only``,
+        only turns decoded by choices are recorded.
+        """
+        recorded = []
+        for turns in episodes:
+            if not turns or not turns[-1].done:
+                continue
+            rets = returns_to_go([t.reward + t.bonus for t in turns], gamma)
+            for turn, ret in zip(turns, rets.tolist(), strict=True):
+                if turn.anchor is not None and (turn.choice_ids is not None or not choices_only):
+                    self.record(turn.anchor, turn.response_ids, ret)
+                    recorded.append(turn)
+        return recorded
+
     def advantages(self, anchor: Hashable, replies: Sequence[Sequence[int]]) -> list[float]:
         """``Q(s, a) - V(s)`` of each reply from ``anchor`` (0 for replies not in the window)."""
-        state = self._state_sums.get(anchor)
-        if state is None:
+        value = self.value(anchor)
+        if value is None:
             return [0.0] * len(replies)
-        value = state[0] / state[1]
         result = []
         for reply in replies:
             entry = self._reply_sums.get((anchor, tuple(reply)))
@@ -93,14 +117,7 @@ class ChoiceReturns:
             gamma: Discount of the returns-to-go.
             by_std: Scale the advantages by their spread over the rollout.
         """
-        finished = [turns for turns in episodes if turns and turns[-1].done]
-        played = []
-        for turns in finished:
-            rets = returns_to_go([t.reward + t.bonus for t in turns], gamma)
-            for turn, ret in zip(turns, rets.tolist(), strict=True):
-                if turn.choice_ids is not None and turn.anchor is not None:
-                    self.record(turn.anchor, turn.response_ids, ret)
-                    played.append(turn)
+        played = self.record_episodes(episodes, gamma, choices_only=True)
         rows = [self.advantages(turn.anchor, turn.choice_ids or []) for turn in played]
         scale = 1.0
         if by_std:  # the spread of the credited advantages, as PPO whitens its own

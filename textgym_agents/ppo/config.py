@@ -220,7 +220,9 @@ class PPOConfig:
         "std of those advantages. Turns decoded as text keep the estimator's advantage.",
     )
     all_choices_window: int = _help(
-        4096, "all_choices: the most recent turns whose returns-to-go estimate Q and V."
+        4096,
+        "all_choices, and self_imitation without a critic: the most recent turns whose "
+        "returns-to-go estimate Q and V.",
     )
     choice_update: str = _help(
         "clipped",
@@ -274,13 +276,15 @@ class PPOConfig:
     )
     self_imitation: int = _help(
         0,
-        "GAE: turns of past episodes drawn for replay per update (self-imitation; 0: off). "
-        "Every turn of a finished episode whose return-to-go R beat the critic's value V when "
-        "played is kept (the last self_imitation_capacity; a poor outcome too, where the critic "
-        "expected worse), and each update draws this many at random and trains on those whose "
-        "R still beats the critic's value now, beside the rollout's turns, with advantage "
-        "R - V (scaled as the batch's advantages are whitened) and a value target of R. For "
-        "rare successes a run would otherwise lose.",
+        "Turns of past episodes drawn for replay per update (self-imitation; 0: off). Every "
+        "turn of a finished episode whose return-to-go R beat the value V expected when played "
+        "is kept (the last self_imitation_capacity; a poor outcome too, where less was "
+        "expected), and each update draws this many at random and trains on those whose R "
+        "still beats the value expected now, beside the rollout's turns, with advantage R - V "
+        "(scaled as the batch's advantages are) and, under GAE, a value target of R. V: the "
+        "critic's value (GAE); without a critic, the mean return-to-go (discount gamma) from "
+        "the turn's observation (its anchor key, as GiGPO's) over the run's last "
+        "all_choices_window turns. For rare successes a run would otherwise lose.",
     )
     self_imitation_capacity: int = _help(
         512, "self_imitation: the most recent better-than-expected turns kept for replay."
@@ -378,12 +382,6 @@ class PPOConfig:
         nonnegative.append("novelty_bonus")
         ok = _integer(self.self_imitation) and self.self_imitation >= 0
         _check(self, "self_imitation", ok, "an int >= 0")
-        if self.self_imitation and not self.uses_critic:
-            raise ValueError(
-                f"self_imitation={self.self_imitation} replays turns with advantage "
-                "max(R - V, 0) under the critic, so it needs advantage_estimator='gae', got "
-                f"{self.advantage_estimator!r}"
-            )
         for name in [*nonnegative, "step_advantage_weight"]:
             value = getattr(self, name)
             _check(self, name, _number(value) and value >= 0, ">= 0")

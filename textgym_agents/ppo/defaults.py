@@ -236,7 +236,7 @@ def recipe_of(
     A recipe whose groups do not fit the run's ``num_envs`` (a vector env's own, or the one
     given), with the ``given`` settings over it, is left out with a warning: a group estimator
     needs ``num_envs`` to be a multiple of ``group_size``. Where the ``given`` settings choose a
-    critic-free estimator, a recipe's ``self_imitation`` (which needs the critic) is left out.
+    critic-free estimator, a recipe's ``self_imitation`` (measured with the critic) is left out.
 
     Example:
         >>> recipe_of("textgym/Blackjack-v1")["advantage_estimator"]

@@ -156,6 +156,11 @@ class PPOTrainer:
         self.replay = (
             SelfImitationReplay(config.self_imitation_capacity) if config.self_imitation else None
         )
+        # Without a critic, self-imitation's values: mean returns-to-go per observation (the
+        # all-choices table where there is one), kept by checkpoints too.
+        self.state_returns = None
+        if self.replay is not None and not config.uses_critic:
+            self.state_returns = self.choice_returns or ChoiceReturns(config.all_choices_window)
         self.advantage_scale = 1.0  # what whitening divided the last batch's advantages by
         self.rng = np.random.default_rng(process.seed(config.seed))
         # Sampling draws from torch's global generator: seeded here, as TRL's and SB3's
@@ -234,12 +239,16 @@ class PPOTrainer:
             self.score(turns, order, leave_first=leave_first)
             self.compute_advantages(buffer)
             trained, order = self._informative(turns, order)
+            played = len(trained)
             if self.replay is not None:
                 trained, order = self._with_replay(buffer, trained, order)
         else:  # critic-free without a KL penalty: advantages from rewards alone, then score
             self.compute_advantages(buffer)
             trained, order = self._informative(turns, order)
             self.score(trained, order, leave_first=leave_first)
+            played = len(trained)
+            if self.replay is not None:
+                trained, order = self._with_replay(buffer, trained, order)
         score_s = time.perf_counter() - start
         start = time.perf_counter()
         stats = self.optimise(trained, order)
@@ -247,7 +256,7 @@ class PPOTrainer:
         update_s = time.perf_counter() - start
         stats["train/trained_turns"] = self.process.sum([len(trained)])[0]
         if self.replay is not None:
-            stats["train/replayed_turns"] = self.process.sum([len(trained) - len(turns)])[0]
+            stats["train/replayed_turns"] = self.process.sum([len(trained) - played])[0]
         if self.novelty is not None:
             stats["train/novelty_bonus"] = float(np.mean([t.bonus for t in turns]))
         metrics = self._update_metrics(turns, episodes or [], stats, score_s, update_s)
@@ -356,6 +365,8 @@ class PPOTrainer:
             self.novelty.assign(buffer.episodes())
         if self.choice_returns is not None:
             self.choice_returns.assign(buffer.episodes(), config.gamma, config.normalize_by_std)
+        if self.state_returns is not None and self.state_returns is not self.choice_returns:
+            self.state_returns.record_episodes(buffer.episodes(), config.gamma)
         if not config.uses_critic:
             if self._uses_kl:  # else every turn's KL is 0 (its reference is itself)
                 buffer.compute_kl(config.kl_estimator)
@@ -475,22 +486,36 @@ class PPOTrainer:
 
         Draws ``config.self_imitation`` kept turns (kept before this rollout's: those train
         on-policy now), scores them at the current weights and keeps those whose return R
-        beats the critic's value V now, with advantage ``(R - V) / scale`` and ``returns = R``
-        (``scale``: what whitening divided the batch's advantages by, at least
-        :data:`~textgym_agents.ppo.self_imitation.SCALE_FLOOR`, so a batch whose advantages
-        hardly differ does not blow the replayed ones up); then keeps this rollout's
-        better-than-expected turns for later updates.
+        beats the value V expected now, with advantage ``(R - V) / scale`` and ``returns = R``;
+        then keeps this rollout's better-than-expected turns for later updates. V is the
+        critic's value (GAE), else the mean return-to-go from the turn's observation over the
+        run's recent turns (``state_returns``, which already holds this rollout's). ``scale``
+        is what whitening divided the batch's advantages by (GAE), else the spread of this
+        rollout's ``R - V``, at least :data:`~textgym_agents.ppo.self_imitation.SCALE_FLOOR`,
+        so a batch whose advantages hardly differ does not blow the replayed ones up.
         The replayed turns come last in the first epoch's order: turns :meth:`score` left to the
         first pass (``score_in_update``) still get their old log-probs there, at the rollout's
         weights.
         """
         config = self.config
+        table = self.state_returns
+
+        def value_of(turn: Turn) -> float | None:
+            if table is None:
+                return turn.value
+            return None if turn.anchor is None else table.value(turn.anchor)
+
         replayed = self.replay.sample(config.self_imitation, self.rng)
-        self.replay.add(buffer.episodes(), config.gamma)
+        gaps = self.replay.add(buffer.episodes(), config.gamma, value_of)
+        if table is not None:
+            spread = np.asarray(self.process.gather(torch.tensor(gaps))[0])
+            self.advantage_scale = float(spread.std()) if len(spread) > 1 else 1.0
+        scale = max(self.advantage_scale, SCALE_FLOOR)
         if replayed:
             self.score(replayed, np.arange(len(replayed)))
-            replayed = [t for t in replayed if t.returns > t.value]
-        scale = max(self.advantage_scale, SCALE_FLOOR)
+            for turn in replayed:
+                turn.value = value_of(turn)
+            replayed = [t for t in replayed if t.value is not None and t.returns > t.value]
         for turn in replayed:
             turn.advantage = (turn.returns - turn.value) / scale
         if not replayed:

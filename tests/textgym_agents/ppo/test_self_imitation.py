@@ -56,8 +56,8 @@ def test_config_validates_the_switch():
     assert PPOConfig().self_imitation == 0
     with pytest.raises(ValueError, match="self_imitation must be an int >= 0"):
         PPOConfig(self_imitation=-1)
-    with pytest.raises(ValueError, match="needs advantage_estimator='gae'"):
-        PPOConfig(self_imitation=4, advantage_estimator="grpo", group_size=2)
+    # Without a critic the values come from the run's returns per observation.
+    assert PPOConfig(self_imitation=4, advantage_estimator="grpo", group_size=2).self_imitation
     with pytest.raises(ValueError, match="self_imitation_capacity must be an int >= 1"):
         PPOConfig(self_imitation=4, self_imitation_capacity=0)
 
@@ -155,3 +155,65 @@ def test_training_from_envs_with_self_imitation_runs():
     assert 0 < len(trainer.replay) <= 16
     assert second["train/replayed_turns"] > 0
     assert second["train/trained_turns"] == played + second["train/replayed_turns"]
+
+
+def grouped_rollout(returns, anchor="s"):
+    """One-turn episodes from one observation, in one seed-shared group."""
+    buffer = RolloutBuffer()
+    for stream, reward in enumerate(returns):
+        turn = Turn([1, 2, 3], [4 + stream], reward, terminated=True, group=0, anchor=anchor)
+        buffer.add(stream, turn)
+    return buffer
+
+
+def test_without_a_critic_replay_measures_returns_against_the_observations_mean_return():
+    trainer = trainer_with(0.0, advantage_estimator="grpo", group_size=2)
+    assert trainer.state_returns is not None and trainer.choice_returns is None
+    # Kept earlier (both did better than expected then): returns 1.0 and 0.4 from "s".
+    kept = [episode([1.0], [0.0], reply=7), episode([0.4], [0.0], reply=8)]
+    for turns in kept:
+        turns[0].anchor = "s"
+    trainer.replay.add(kept, 1.0)
+    buffer = grouped_rollout([1.0, 0.0])  # this rollout: returns 1 and 0 from "s"
+    trainer.compute_advantages(buffer)  # records them: V(s) = 0.5
+    assert trainer.state_returns.value("s") == 0.5
+    turns = buffer.turns()
+    trainer.score(turns, np.arange(len(turns)))
+    trained, order = trainer._with_replay(buffer, turns, np.arange(len(turns)))
+    replayed = trained[len(turns) :]
+    # 1.0 beats V(s) = 0.5 now, 0.4 does not. The scale: the spread of this rollout's R - V,
+    # +0.5 and -0.5 (std 0.5).
+    assert [(t.response_ids, t.value) for t in replayed] == [([7], 0.5)]
+    assert trainer.advantage_scale == pytest.approx(0.5)
+    assert replayed[0].advantage == pytest.approx((1.0 - 0.5) / 0.5)
+    assert replayed[0].old_logps is not None and order.tolist() == [0, 1, 2]
+    # This rollout's return of 1 beat V(s) = 0.5: kept, with its observation.
+    assert len(trainer.replay) == 3 and trainer.replay.kept[-1].anchor == "s"
+
+
+def test_without_a_critic_turns_of_unknown_observations_are_neither_kept_nor_replayed():
+    trainer = trainer_with(0.0, advantage_estimator="grpo", group_size=2)
+    trainer.replay.add([episode([1.0], [0.0], reply=7)], 1.0)  # kept with no anchor
+    buffer = grouped_rollout([1.0, 0.0], anchor=None)
+    trainer.compute_advantages(buffer)
+    turns = buffer.turns()
+    trainer.score(turns, np.arange(len(turns)))
+    trained, _ = trainer._with_replay(buffer, turns, np.arange(len(turns)))
+    assert trained == turns and len(trainer.replay) == 1
+
+
+def test_group_estimators_train_from_envs_with_self_imitation():
+    config = PPOConfig(
+        decoding="choices", advantage_estimator="gigpo", group_size=2, num_steps=3,
+        minibatch_size=8, micro_batch_size=4, seed=0, self_imitation=8,
+    )  # fmt: skip
+    trainer = PPOTrainer(
+        PPOPolicy(*tiny_model(), config=config), gym.make_vec("textgym/Blackjack-v1", num_envs=4)
+    )
+    replayed = 0
+    for _ in range(4):
+        metrics = trainer.update(trainer.collect())
+        replayed += metrics["train/replayed_turns"]
+    assert len(trainer.state_returns.entries) > 0
+    assert all(k.anchor is not None for k in trainer.replay.kept)
+    assert replayed > 0
