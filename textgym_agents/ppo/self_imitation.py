@@ -81,7 +81,7 @@ class SelfImitationReplay:
             episodes: The rollout's episodes in time order (``RolloutBuffer.episodes()``).
                 Unfinished and truncated episodes are skipped: their return is not known
                 without a bootstrap.
-            gamma: Discount of the returns-to-go.
+            gamma: Discount of the returns-to-go (of ``reward + bonus``, as the estimators').
             value_of: The value expected of a turn (None: unknown, the turn is not kept);
                 default its ``value``, the critic's when it was scored.
 
@@ -94,7 +94,7 @@ class SelfImitationReplay:
         for turns in episodes:
             if not turns or not turns[-1].terminated:
                 continue
-            returns = returns_to_go([t.reward for t in turns], gamma).tolist()
+            returns = returns_to_go([t.reward + t.bonus for t in turns], gamma).tolist()
             for turn, ret in zip(turns, returns, strict=True):
                 value = value_of(turn)
                 if value is None:
