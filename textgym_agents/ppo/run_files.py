@@ -100,7 +100,7 @@ def write_checkpoint(
         state["choice_returns"] = trainer.choice_returns.state()
     if trainer.replay is not None:
         state["self_imitation"] = trainer.replay.state()
-    if trainer.state_returns is not None and trainer.state_returns is not trainer.choice_returns:
+    if trainer.state_returns is not None:
         state["state_returns"] = trainer.state_returns.state()
     json_files = {"trainer_state": state, "optimizer": optimizer_meta, "rng": rng_meta}
     tensors = {"optimizer": optimizer_tensors, "rng": rng_tensors}
@@ -157,7 +157,7 @@ def restore_checkpoint(trainer: PPOTrainer, process: Distributed, path: str | Pa
         trainer.choice_returns.load_state(state.get("choice_returns", []))
     if trainer.replay is not None:
         trainer.replay.load_state(state.get("self_imitation", {}))
-    if trainer.state_returns is not None and trainer.state_returns is not trainer.choice_returns:
+    if trainer.state_returns is not None:
         trainer.state_returns.load_state(state.get("state_returns", []))
     rank = process.rank
     own = {"rng": files["rng"], "numpy_rng": state["numpy_rng"], "envs": files.get("envs")}

@@ -156,12 +156,14 @@ class PPOTrainer:
         self.replay = (
             SelfImitationReplay(config.self_imitation_capacity) if config.self_imitation else None
         )
-        # Without a critic, self-imitation's values: mean returns-to-go per observation (the
-        # all-choices table where there is one), kept by checkpoints too.
+        # Without a critic, self-imitation's values: mean returns-to-go per observation, from
+        # the all-choices table where there is one, else from this one (kept by checkpoints).
         self.state_returns = None
-        if self.replay is not None and not config.uses_critic:
-            self.state_returns = self.choice_returns or ChoiceReturns(config.all_choices_window)
-        self.advantage_scale = 1.0  # what whitening divided the last batch's advantages by
+        if self.replay is not None and not config.uses_critic and self.choice_returns is None:
+            self.state_returns = ChoiceReturns(config.all_choices_window)
+        # What the last batch's advantages were scaled by: whitening's (GAE), else the spread
+        # of self-imitation's R - V (critic-free replay).
+        self.advantage_scale = 1.0
         self.rng = np.random.default_rng(process.seed(config.seed))
         # Sampling draws from torch's global generator: seeded here, as TRL's and SB3's
         # trainers do, so collect()/update() loops with one seed sample the same replies.
@@ -365,7 +367,7 @@ class PPOTrainer:
             self.novelty.assign(buffer.episodes())
         if self.choice_returns is not None:
             self.choice_returns.assign(buffer.episodes(), config.gamma, config.normalize_by_std)
-        if self.state_returns is not None and self.state_returns is not self.choice_returns:
+        if self.state_returns is not None:
             self.state_returns.record_episodes(buffer.episodes(), config.gamma)
         if not config.uses_critic:
             if self._uses_kl:  # else every turn's KL is 0 (its reference is itself)
@@ -489,16 +491,17 @@ class PPOTrainer:
         beats the value V expected now, with advantage ``(R - V) / scale`` and ``returns = R``;
         then keeps this rollout's better-than-expected turns for later updates. V is the
         critic's value (GAE), else the mean return-to-go from the turn's observation over the
-        run's recent turns (``state_returns``, which already holds this rollout's). ``scale``
-        is what whitening divided the batch's advantages by (GAE), else the spread of this
-        rollout's ``R - V``, at least :data:`~textgym_agents.ppo.self_imitation.SCALE_FLOOR`,
-        so a batch whose advantages hardly differ does not blow the replayed ones up.
+        run's recent turns (the all-choices table or ``state_returns``, which already hold
+        this rollout's). ``scale`` is what whitening divided the batch's advantages by (GAE),
+        else the spread of this rollout's ``R - V``, at least
+        :data:`~textgym_agents.ppo.self_imitation.SCALE_FLOOR`, so a batch whose advantages
+        hardly differ does not blow the replayed ones up.
         The replayed turns come last in the first epoch's order: turns :meth:`score` left to the
         first pass (``score_in_update``) still get their old log-probs there, at the rollout's
         weights.
         """
         config = self.config
-        table = self.state_returns
+        table = None if config.uses_critic else self.state_returns or self.choice_returns
 
         def value_of(turn: Turn) -> float | None:
             if table is None:
